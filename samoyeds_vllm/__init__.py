@@ -1,0 +1,16 @@
+"""samoyeds-vllm: dual-side structured-sparse Mixture-of-Experts for vLLM.
+
+vLLM loads this package through the `vllm.general_plugins` entry point and calls `register()` in every process.
+"""
+
+__version__ = "0.1.0"
+
+_registered = False
+
+
+def register() -> None:
+    """Register the `samoyeds` quantization method with vLLM (idempotent; vLLM calls it once per process)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
