@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -14,6 +15,28 @@ def _make_model(args: argparse.Namespace) -> None:
 
     make_model(args.arch, args.preset, Path(args.out), dtype=args.dtype, seed=args.seed,
                config_only=args.config_only, force=args.force)
+
+
+def _convert(args: argparse.Namespace) -> None:
+    from .convert import convert
+    from .formats import Pattern
+
+    if args.segment is not None and args.pattern != "samoyeds":
+        raise SamoyedsError("--segment applies to --pattern samoyeds only")
+    text = None
+    if args.calib_file:
+        if args.method != "wanda":
+            raise SamoyedsError("--calib-file applies to --method wanda only")
+        try:
+            text = Path(args.calib_file).read_text()
+        except OSError as e:
+            raise SamoyedsError(f"cannot read calibration file: {e}") from None
+    report = convert(Path(args.in_dir), Path(args.out_dir), Pattern.parse(args.pattern, args.segment),
+                     args.method, force=args.force,
+                     export_dense=Path(args.export_dense) if args.export_dense else None,
+                     calibration_text=text, calibration_tokens=args.calib_tokens)
+    print(report.table())
+    print(f"wrote {args.out_dir}" + (f" and {args.export_dense}" if args.export_dense else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,16 +53,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write config.json and the tokenizer only (for load_format=dummy benchmarks)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=_make_model)
+
+    p = sub.add_parser("convert", help="prune and pack a dense MoE checkpoint's experts into a sparse checkpoint")
+    p.add_argument("in_dir", help="dense Hugging Face model directory (safetensors)")
+    p.add_argument("out_dir", help="where to write the sparse checkpoint (must not exist, unless --force)")
+    p.add_argument("--pattern", required=True, choices=["2:4", "samoyeds"])
+    p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V: 32, 64 or 128 (default 128)")
+    p.add_argument("--method", default="magnitude", choices=["magnitude", "wanda"],
+                   help="pruning score: |w|, or |w| times calibration activation norms (loads the model)")
+    p.add_argument("--calib-file", help="text file of calibration data for wanda (default: built-in text)")
+    p.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens for wanda")
+    p.add_argument("--export-dense", metavar="DIR", help="also write the pruned weights as a dense checkpoint")
+    p.add_argument("--force", action="store_true", help="replace existing output directories")
+    p.set_defaults(func=_convert)
     return parser
+
+
+def _raise_exit(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C, so partial outputs are removed
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_exit)
     try:
         args.func(args)
     except SamoyedsError as e:
         print(f"samoyeds-vllm {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"samoyeds-vllm {args.command}: interrupted; nothing was written", file=sys.stderr)
+        return 130
     return 0
 
 
