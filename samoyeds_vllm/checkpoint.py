@@ -26,6 +26,15 @@ SINGLE_NAME = "model.safetensors"
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 
 
+def _default_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _default_file_mode()
+
+
 def read_config(model_dir: Path) -> dict:
     """config.json of a model directory, with errors that say what is wrong."""
     if not model_dir.exists():
@@ -124,7 +133,9 @@ class ShardedWriter:
         self.total_bytes += size
 
     def _flush(self) -> None:
-        save_file(self._pending, str(self.out_dir / f"shard-{len(self._shards)}.tmp"), metadata={"format": "pt"})
+        path = self.out_dir / f"shard-{len(self._shards)}.tmp"
+        save_file(self._pending, str(path), metadata={"format": "pt"})
+        path.chmod(_FILE_MODE)  # safetensors writes through a private (0600) temporary file
         self._shards.append(list(self._pending))
         self._pending, self._pending_bytes = {}, 0
 
@@ -146,14 +157,16 @@ class ShardedWriter:
 
 
 def check_output_dir(out_dir: Path, force: bool, what: str = "output directory") -> None:
-    """Refuse to replace an existing directory unless forced; refuse paths that cannot become a directory."""
-    if out_dir.exists() and not force:
-        raise SamoyedsError(f"{what} {out_dir} already exists; choose another path or pass --force to replace it")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise SamoyedsError(f"{what} {out_dir} exists and is not a directory")
-    parent = out_dir.resolve().parent
-    if not parent.is_dir():
-        raise SamoyedsError(f"{what} {out_dir}: parent directory {parent} does not exist")
+    """Refuse to replace an existing directory unless forced, and even then anything but a model directory
+    (or an empty one), so a mistyped path loses nothing."""
+    if out_dir.exists():
+        if not force:
+            raise SamoyedsError(f"{what} {out_dir} already exists; choose another path or pass --force to replace it")
+        if not out_dir.is_dir():
+            raise SamoyedsError(f"{what} {out_dir} exists and is not a directory; not replacing it")
+        if any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
+            raise SamoyedsError(f"{what} {out_dir} is not empty and holds no config.json, so it does not look "
+                                "like a model; not replacing it")
 
 
 @contextlib.contextmanager
@@ -163,6 +176,7 @@ def staged_dirs(*targets: Path) -> Iterator[list[Path]]:
     try:
         for target in targets:
             parent = target.resolve().parent
+            parent.mkdir(parents=True, exist_ok=True)
             staged.append(Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=parent)))
         yield staged
     except BaseException:
