@@ -13,4 +13,9 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    from vllm.model_executor.layers.quantization import register_quantization_config
+
+    from .quantization import SamoyedsConfig
+
+    register_quantization_config("samoyeds")(SamoyedsConfig)
     _registered = True
