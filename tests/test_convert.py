@@ -13,33 +13,14 @@ from safetensors.torch import load_file, save_file
 
 from samoyeds_vllm import convert as convert_module
 from samoyeds_vllm.architectures import ARCHITECTURES
-from samoyeds_vllm.checkpoint import CheckpointReader
 from samoyeds_vllm.convert import REPORT_NAME, convert
 from samoyeds_vllm.errors import CheckpointError, PatternError, SamoyedsError
 from samoyeds_vllm.formats import PackedWeight, Pattern, decompress, satisfies
-from samoyeds_vllm.model_maker import make_model
+
+from helpers import leftovers, read_checkpoint
 
 SAMOYEDS = Pattern.parse("samoyeds")
 TWO_FOUR = Pattern.parse("2:4")
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory):
-    """One tiny random dense model per supported architecture, built once."""
-    root = tmp_path_factory.mktemp("dense")
-    models = {}
-    for arch in ARCHITECTURES:
-        make_model(arch, "tiny", root / arch, seed=1)
-        models[arch] = root / arch
-    return models
-
-
-def load_dir(path: Path) -> dict[str, torch.Tensor]:
-    tensors = {}
-    reader = CheckpointReader(path)
-    for name in reader.names():
-        tensors[name] = reader.get(name)
-    return tensors
 
 
 def packed_of(tensors: dict, weight_name: str, pattern: Pattern) -> PackedWeight:
@@ -48,16 +29,12 @@ def packed_of(tensors: dict, weight_name: str, pattern: Pattern) -> PackedWeight
                         tensors.get(f"{prefix}.weight_rowsel"))
 
 
-def leftovers(parent: Path) -> list[str]:
-    return sorted(p.name for p in parent.iterdir() if ".partial-" in p.name or ".replaced-" in p.name)
-
-
 @pytest.mark.parametrize("pattern", [SAMOYEDS, TWO_FOUR], ids=str)
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_convert_every_architecture(tiny_models, tmp_path, arch, pattern):
     dense_dir = tiny_models[arch]
     report = convert(dense_dir, tmp_path / "sparse", pattern, export_dense=tmp_path / "pruned", progress=False)
-    dense, sparse, pruned = load_dir(dense_dir), load_dir(tmp_path / "sparse"), load_dir(tmp_path / "pruned")
+    dense, sparse, pruned = read_checkpoint(dense_dir), read_checkpoint(tmp_path / "sparse"), read_checkpoint(tmp_path / "pruned")
     expert_re = ARCHITECTURES[arch].expert_weight_re
 
     experts = [n for n in dense if expert_re.match(n)]
@@ -103,7 +80,7 @@ def test_checkpoint_on_the_pattern_converts_losslessly(tiny_models, tmp_path):
     """Converting the pruned export again gives the same packed tensors, and they decompress bit for bit."""
     convert(tiny_models["qwen3_moe"], tmp_path / "a", SAMOYEDS, export_dense=tmp_path / "pruned", progress=False)
     report = convert(tmp_path / "pruned", tmp_path / "b", SAMOYEDS, progress=False)
-    first, second, pruned = load_dir(tmp_path / "a"), load_dir(tmp_path / "b"), load_dir(tmp_path / "pruned")
+    first, second, pruned = read_checkpoint(tmp_path / "a"), read_checkpoint(tmp_path / "b"), read_checkpoint(tmp_path / "pruned")
     assert first.keys() == second.keys()
     assert all(torch.equal(first[n], second[n]) for n in first)
     expert_re = ARCHITECTURES["qwen3_moe"].expert_weight_re
@@ -119,7 +96,7 @@ def test_other_segments(tiny_models, tmp_path, segment):
     convert(tiny_models["olmoe"], tmp_path / "s", pattern, progress=False)
     quant = json.loads((tmp_path / "s" / "config.json").read_text())["quantization_config"]
     assert quant["segment"] == segment
-    tensors = load_dir(tmp_path / "s")
+    tensors = read_checkpoint(tmp_path / "s")
     rowsel = next(t for n, t in tensors.items() if n.endswith("down_proj.weight_rowsel"))
     assert rowsel.shape[-1] == 256 // segment  # tiny olmoe's expert intermediate size is 256
 
@@ -132,7 +109,7 @@ def test_wanda_uses_calibration_activations(tiny_models, tmp_path):
     assert report.method == "wanda"
     quant = json.loads((tmp_path / "wanda" / "config.json").read_text())["quantization_config"]
     assert quant["pruning_method"] == "wanda"
-    mag, wanda = load_dir(tmp_path / "mag_d"), load_dir(tmp_path / "wanda_d")
+    mag, wanda = read_checkpoint(tmp_path / "mag_d"), read_checkpoint(tmp_path / "wanda_d")
     expert_re = ARCHITECTURES["qwen2_moe"].expert_weight_re
     experts = [n for n in mag if expert_re.match(n)]
     assert all(satisfies(wanda[n], TWO_FOUR) for n in experts)
@@ -262,7 +239,7 @@ def test_sharded_input_and_output(tiny_models, tmp_path):
             assert all(index["weight_map"][k] == f for k in h.keys())
     # The sharded sparse checkpoint reads back like the single-file one.
     convert(tiny_models["qwen3_moe"], tmp_path / "single", SAMOYEDS, progress=False)
-    sharded, single = load_dir(tmp_path / "sharded"), load_dir(tmp_path / "single")
+    sharded, single = read_checkpoint(tmp_path / "sharded"), read_checkpoint(tmp_path / "single")
     assert sharded.keys() == single.keys() and all(torch.equal(sharded[k], single[k]) for k in single)
 
 

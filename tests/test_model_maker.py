@@ -21,23 +21,10 @@ from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.model_maker import available_presets, load_preset, make_model, weight_specs, write_weights
 from samoyeds_vllm.tokenizer import CHAT_TEMPLATE, IM_END, IM_START, build_tokenizer
 
+from helpers import leftovers, read_checkpoint
+
 FAMILIES = sorted(ARCHITECTURES)
 REAL_PRESETS = sorted(name for name in available_presets() if not name.startswith("tiny-"))
-
-
-@pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory) -> dict[str, Path]:
-    """One tiny model per family, built once for the module."""
-    root = tmp_path_factory.mktemp("tiny")
-    return {arch: make_model(arch, "tiny", root / arch, seed=0) for arch in FAMILIES}
-
-
-def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
-    tensors = {}
-    for file in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            tensors.update({name: f.get_tensor(name) for name in f.keys()})
-    return tensors
 
 
 def load_exactly(model_dir: Path):
@@ -45,10 +32,6 @@ def load_exactly(model_dir: Path):
     model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), output_loading_info=True)
     assert {key: value for key, value in info.items() if value} == {}
     return model
-
-
-def leftovers(parent: Path) -> list[str]:
-    return sorted(p.name for p in parent.iterdir() if ".partial-" in p.name or ".replaced-" in p.name)
 
 
 # --- tiny models of every family --------------------------------------------------------------------------------
