@@ -63,6 +63,26 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
+@dataclass(frozen=True)
+class MoEShape:
+    """The routed-expert shape of a model: what the expert kernels and benchmarks need."""
+
+    num_experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+
+
+def moe_shape(hf_config: dict) -> MoEShape:
+    """MoEShape of a config.json dict (the families name these fields differently)."""
+    c = hf_config
+    experts = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
+    inter = c.get("moe_intermediate_size") or c.get("intermediate_size")
+    if not experts or not inter or "num_experts_per_tok" not in c:
+        raise CheckpointError(f"config of model_type {c.get('model_type')!r} describes no routed experts")
+    return MoEShape(int(experts), int(c["hidden_size"]), int(inter), int(c["num_experts_per_tok"]))
+
+
 class UnsupportedArchitectureError(CheckpointError):
     pass
 

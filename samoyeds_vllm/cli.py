@@ -1,4 +1,4 @@
-"""The `samoyeds-vllm` command: make-model, convert."""
+"""The `samoyeds-vllm` command: make-model, convert, bench."""
 
 from __future__ import annotations
 
@@ -39,6 +39,20 @@ def _convert(args: argparse.Namespace) -> None:
     print(f"wrote {args.out_dir}" + (f" and {args.export_dense}" if args.export_dense else ""))
 
 
+def _bench_moe(args: argparse.Namespace) -> None:
+    import torch
+
+    from .bench import bench_moe
+    from .formats import Pattern
+
+    if not torch.cuda.is_available():
+        raise SamoyedsError("bench moe times GPU kernels and needs an NVIDIA GPU")
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    tokens = [int(t) for t in args.tokens.split(",")]
+    bench_moe(args.shape, tokens, Pattern.parse(args.pattern, args.segment), dtype, args.json,
+              with_vllm=not args.no_vllm)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="samoyeds-vllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -66,6 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export-dense", metavar="DIR", help="also write the pruned weights as a dense checkpoint")
     p.add_argument("--force", action="store_true", help="replace existing output directories")
     p.set_defaults(func=_convert)
+
+    bench = sub.add_parser("bench", help="benchmarks (GPU)").add_subparsers(dest="bench", required=True)
+    p = bench.add_parser("moe", help="our sparse MoE layer vs vLLM's dense fused MoE, CUDA graphs, same inputs")
+    p.add_argument("--shape", default="qwen3-30b-a3b", help="a preset of configs/models")
+    p.add_argument("--tokens", default="1,16,64,256,1024,4096,16384", help="comma-separated token counts")
+    p.add_argument("--pattern", default="samoyeds", choices=["2:4", "samoyeds"])
+    p.add_argument("--segment", type=int, default=None)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--no-vllm", action="store_true", help="time ours only")
+    p.set_defaults(func=_bench_moe)
     return parser
 
 

@@ -50,7 +50,15 @@ def moe_experts(
     w2_rowsel: torch.Tensor | None,  # [E, H/2, I/V] samoyeds only
     segment: int,  # 0 for 2:4, else the samoyeds segment V
 ) -> torch.Tensor:
-    """Reference implementation: per expert with tokens, unpack its weights and run its MLP in fp32."""
+    """sum_k topk_weights * expert(x), from packed expert weights. This body is the reference implementation
+    (any device); on CUDA the kernels registered below run instead."""
+    return moe_experts_reference(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2_meta,
+                                 w2_rowsel, segment)
+
+
+def moe_experts_reference(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2_meta,
+                          w2_rowsel, segment: int) -> torch.Tensor:
+    """Per expert with tokens, unpack its weights and run its MLP in fp32 (host-synchronising, simple)."""
     pattern = _pattern(segment)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1)
@@ -73,3 +81,13 @@ def moe_experts(
 @moe_experts.register_fake
 def _(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2_meta, w2_rowsel, segment):
     return torch.empty_like(x)
+
+
+@moe_experts.register_kernel("cuda")
+def _(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2_meta, w2_rowsel, segment):
+    from . import kernels
+
+    args = (x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2_meta, w2_rowsel, segment)
+    if kernels.supports(x, w13_values, w2_values):
+        return kernels.moe_experts_cuda(*args)
+    return moe_experts_reference(*args)  # float32, or shapes off the kernels' tiles

@@ -1,0 +1,1 @@
+"""CUDA sources, shipped as package data (samoyeds_vllm.csrc) and compiled at first use by samoyeds_vllm.kernels."""

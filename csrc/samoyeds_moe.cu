@@ -1,0 +1,272 @@
+// Dual-side structured-sparse MoE expert GEMMs (sparse tensor cores, mma.sp, sm_80+).
+//
+// One kernel template serves both GEMMs of an MoE layer:
+//   GATE_UP = true :  act[pos, :] = SiLU(W1_e x_t) * (W3_e x_t)      x_t read in place through the routing index
+//   GATE_UP = false:  y[slot, :]  = w_slot * W2_e act[pos, :]        routing weight fused; y summed over top-k later
+// The weights are the sparse A operand (rows = output features), the tokens of one expert the dense B operand
+// (columns), so a decode step with a handful of tokens per expert still runs full tensor-core tiles of weights.
+//
+// Weights are read exactly in the packed layout of samoyeds_vllm/formats.py (format version 1):
+//   values [E, R, K/2]  the kept values; R = out rows (2:4) or out rows / 2 (samoyeds: one condensed row per pair)
+//   meta   [E, R, K/16] int16: per 16 inputs, 4 nibbles p0 | p1 << 2 (the ordered sparse-MMA metadata of a row)
+//   rowsel [E, R, K/V]  uint8 (samoyeds): which row of pair r receives condensed row r in segment s
+// For samoyeds the kernel is "data-stationary" along k: each segment of V inputs is multiplied into a temporary
+// accumulator, which is then added to the accumulator of the even or the odd output row of each pair.
+//
+// Work decomposition:
+//   blockIdx.x: 64 condensed weight rows (4 warps x 16 rows); for GATE_UP the same 64 rows of gate and of up,
+//               so SiLU(gate) * up is computed in registers.
+//   blockIdx.y: one token tile: up to BN (token, expert) slots of one expert, described by tile_expert /
+//               tile_start / tile_rows (built on the GPU by the host code, no host synchronisation). Tiles past
+//               the last one have tile_rows = 0 and exit at once, so the grid can be sized without knowing the
+//               routing; experts without tokens have no tiles and cost nothing.
+//   k loop:     BK = 128 dense inputs per stage, STAGES-deep cp.async pipeline into XOR-swizzled shared memory,
+//               ldmatrix into exactly the mma.sp fragments (the compressed A tile has the dense m16n8k16 layout).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace samoyeds {
+
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * 32;
+constexpr int BM = WARPS * 16;  // condensed weight rows per block
+constexpr int BK = 128;         // dense inputs per pipeline stage (4 mma.sp k-steps of 32)
+constexpr int STAGES = 3;
+
+// ------------------------------------------------------------------------------------------- PTX wrappers
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global->shared copy; src_bytes = 0 fills zeros (padding tokens of a partial tile).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Four 8x8 b16 matrices; lane l gives the row address of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// D += A (16x32, 2:4 compressed to 16x16) * B (32x8); metadata e from lanes 4g, 4g+1 (selector 0).
+template <typename T>
+__device__ __forceinline__ void mma_sp(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[4], unsigned e);
+template <>
+__device__ __forceinline__ void mma_sp<__nv_bfloat16>(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[4],
+                                                      unsigned e) {
+  asm volatile(
+      "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9,%10,%11}, {%0,%1,%2,%3}, %12, 0x0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(e));
+}
+template <>
+__device__ __forceinline__ void mma_sp<__half>(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[4],
+                                               unsigned e) {
+  asm volatile(
+      "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9,%10,%11}, {%0,%1,%2,%3}, %12, 0x0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(e));
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+
+// ------------------------------------------------------------------------------------ shared-memory tiles
+// A tile: rows x 64 compressed values (128 B = 8 chunks of 16 B); chunk c of row r lives at c ^ (r & 7), so the
+// 8 rows one ldmatrix reads fall in 8 different bank groups. B tile: BN tokens x 128 inputs (16 chunks), same XOR.
+// Meta tile: rows x 8 halfwords (the metadata of 128 dense inputs), unswizzled (read as scalars).
+
+template <int ROWS> struct ATile { uint4 chunk[ROWS * 8]; };
+template <int BN> struct BTile { uint4 chunk[BN * 16]; };
+template <int ROWS> struct MetaTile { uint16_t half[ROWS * 8]; };
+
+template <bool GATE_UP, int BN>
+struct Stage {
+  static constexpr int A_ROWS = GATE_UP ? 2 * BM : BM;  // gate rows then up rows
+  ATile<A_ROWS> a;
+  MetaTile<A_ROWS> meta;
+  BTile<BN> b;
+};
+
+// --------------------------------------------------------------------------------------------- the kernel
+
+template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP>
+__global__ void __launch_bounds__(THREADS) moe_gemm(
+    const T* __restrict__ x,               // GATE_UP: [tokens, K] activations; else [slots, K] act in sorted order
+    const T* __restrict__ values,          // [E, R, K/2]
+    const int16_t* __restrict__ meta,      // [E, R, K/16]
+    const uint8_t* __restrict__ rowsel,    // [E, R, K/V] (samoyeds) or null
+    T* __restrict__ out,                   // GATE_UP: act [slots, N_out]; else y [slots, N_out] by original slot
+    const int* __restrict__ tile_expert,   // [num_tiles]
+    const int* __restrict__ tile_start,    // [num_tiles] sorted position of the tile's first slot
+    const int* __restrict__ tile_rows,     // [num_tiles] slots in the tile (0: no work)
+    const int* __restrict__ sorted_slot,   // [slots] original slot (token * top_k + j) in expert order
+    const float* __restrict__ slot_weight, // [slots] routing weight by original slot (GEMM 2)
+    int R,                                 // packed rows per expert (both halves for GATE_UP)
+    int K,                                 // dense inputs
+    int top_k,
+    int N_out) {                           // output features (row stride of out)
+  using StageT = Stage<GATE_UP, BN>;
+  constexpr int A_ROWS = StageT::A_ROWS;
+  constexpr int NT = BN / 8;               // n8 tiles per warp
+  constexpr int SEG_STEPS = SAMOYEDS ? V / 32 : 4;  // k-steps per row-selection segment
+  constexpr int HALVES = GATE_UP ? 2 : 1;
+
+  const int tile = blockIdx.y;
+  const int n_rows = tile_rows[tile];
+  if (n_rows == 0) return;
+  const int expert = tile_expert[tile];
+  const int first = tile_start[tile];
+  const int row0 = blockIdx.x * BM;        // first condensed row of this block (within the gate half for GATE_UP)
+  const int half_rows = GATE_UP ? R / 2 : R;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  StageT* stages = reinterpret_cast<StageT*>(smem_raw);
+  __shared__ int token_row[BN];            // row of x holding each tile column (-1: padding)
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  if (tid < BN) {
+    int pos = first + tid;
+    token_row[tid] = tid < n_rows ? (GATE_UP ? sorted_slot[pos] / top_k : pos) : -1;
+  }
+  __syncthreads();
+
+  const size_t expert_rows = (size_t)expert * R;
+  const T* a_base = values + expert_rows * (K / 2);
+  const int16_t* m_base = meta + expert_rows * (K / 16);
+  const int k_tiles = K / BK;
+
+  auto load_stage = [&](int slot, int kt) {
+    StageT& s = stages[slot];
+    const int k0 = kt * BK;
+    // A: A_ROWS rows x 8 chunks
+    for (int i = tid; i < A_ROWS * 8; i += THREADS) {
+      const int r = i >> 3, c = i & 7;
+      const int wrow = (GATE_UP && r >= BM) ? half_rows + row0 + (r - BM) : row0 + r;
+      const T* src = a_base + (size_t)wrow * (K / 2) + k0 / 2 + c * 8;
+      cp_async16(&s.a.chunk[r * 8 + (c ^ (r & 7))], src, 16);
+    }
+    // meta: A_ROWS rows x 1 chunk (8 halfwords)
+    for (int r = tid; r < A_ROWS; r += THREADS) {
+      const int wrow = (GATE_UP && r >= BM) ? half_rows + row0 + (r - BM) : row0 + r;
+      cp_async16(&s.meta.half[r * 8], m_base + (size_t)wrow * (K / 16) + k0 / 16, 16);
+    }
+    // B: BN token rows x 16 chunks, gathered through the routing index
+    for (int i = tid; i < BN * 16; i += THREADS) {
+      const int n = i >> 4, c = i & 15;
+      const int src_row = token_row[n];
+      const T* src = x + (size_t)(src_row < 0 ? 0 : src_row) * K + k0 + c * 8;
+      cp_async16(&s.b.chunk[n * 16 + (c ^ (n & 7))], src, src_row < 0 ? 0 : 16);
+    }
+  };
+
+  // Accumulators: [half][n8 tile][4]. For samoyeds, one per row of the pair plus the running segment.
+  float acc_even[HALVES][NT][4] = {};
+  float acc_odd[HALVES][NT][4] = {};   // unused (optimised away) for 2:4
+  float seg[HALVES][NT][4] = {};
+
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  const int wrow0 = warp * 16;  // this warp's first row inside the block tile
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+    cp_async_commit();
+    const StageT& s = stages[kt % STAGES];
+
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      unsigned a[HALVES][4], e[HALVES];
+#pragma unroll
+      for (int h = 0; h < HALVES; ++h) {
+        const int r = h * BM + wrow0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        const int c = ks * 2 + (lane >> 4);
+        ldmatrix_x4(a[h], &s.a.chunk[r * 8 + (c ^ (r & 7))]);
+        const int mr = h * BM + wrow0 + g;
+        e[h] = (unsigned)s.meta.half[mr * 8 + ks * 2 + (t & 1)] |
+               ((unsigned)s.meta.half[(mr + 8) * 8 + ks * 2 + (t & 1)] << 16);
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        unsigned b[4];
+        const int n = j * 8 + (lane & 7);
+        const int c = ks * 4 + (lane >> 3);
+        ldmatrix_x4(b, &s.b.chunk[n * 16 + (c ^ (n & 7))]);
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h) mma_sp<T>(SAMOYEDS ? seg[h][j] : acc_even[h][j], a[h], b, e[h]);
+      }
+      if (SAMOYEDS && (ks + 1) % SEG_STEPS == 0) {
+        // Segment done: each condensed row's partial sums go to the row of its pair that the index selects.
+        const int segment = (kt * BK + ks * 32) / V;
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h) {
+          const size_t p = expert_rows + (h ? half_rows : 0) + row0 + wrow0 + g;
+          const int n_seg = K / V;
+          const bool odd_lo = rowsel[p * n_seg + segment] != 0;
+          const bool odd_hi = rowsel[(p + 8) * n_seg + segment] != 0;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const bool odd = i < 2 ? odd_lo : odd_hi;
+              acc_even[h][j][i] += odd ? 0.0f : seg[h][j][i];
+              acc_odd[h][j][i] += odd ? seg[h][j][i] : 0.0f;
+              seg[h][j][i] = 0.0f;
+            }
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue. Thread holds rows (g, g+8) x tile columns (2t, 2t+1) of each n8 tile.
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = j * 8 + 2 * t + (i & 1);
+      if (n >= n_rows) continue;
+      const int pos = first + n;
+      const int crow = row0 + wrow0 + g + (i >> 1) * 8;  // condensed row (2:4: the output row)
+      float even, odd = 0.0f;
+      if (GATE_UP) {
+        even = silu(acc_even[0][j][i]) * acc_even[GATE_UP ? 1 : 0][j][i];
+        if (SAMOYEDS) odd = silu(acc_odd[0][j][i]) * acc_odd[GATE_UP ? 1 : 0][j][i];
+      } else {
+        const int slot = sorted_slot[pos];
+        const float w = slot_weight[slot];
+        even = w * acc_even[0][j][i];
+        odd = w * acc_odd[0][j][i];
+      }
+      const size_t out_row = GATE_UP ? (size_t)pos : (size_t)sorted_slot[pos];
+      T* dst = out + out_row * N_out;
+      if (SAMOYEDS) {
+        dst[2 * crow] = from_float<T>(even);
+        dst[2 * crow + 1] = from_float<T>(odd);
+      } else {
+        dst[crow] = from_float<T>(even);
+      }
+    }
+  }
+}
+
+}  // namespace samoyeds

@@ -1,0 +1,156 @@
+"""The GPU implementation of `samoyeds::moe_experts`, over the kernels in csrc/samoyeds_moe.cu.
+
+The CUDA source is compiled at first use for the running GPU (NVRTC through CuPy, so no compiler is needed at
+install time) and CuPy caches the result on disk (`CUPY_CACHE_DIR`, default ~/.cupy/kernel_cache). Kernels run on
+torch's current stream with no host synchronisation, so vLLM can capture them in CUDA graphs.
+
+One MoE forward:
+1. routing index (torch ops on the GPU): slots (token, j) sorted by expert, and a tile map of up to BN slots of
+   one expert per tile, sized from the shapes alone;
+2. GEMM 1 (gate and up, SiLU(gate) * up fused) reading the tokens' rows of x in place through the index;
+   SAMOYEDS_POISON=1 fills its output buffer with NaN first, so tests see any element it fails to write;
+3. GEMM 2 (down, routing weight fused) writing each slot's output row;
+4. sum over the top-k slots of each token (a fixed order: deterministic).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from importlib import resources
+
+import numpy as np
+import torch
+
+from .errors import SamoyedsError
+
+BM = 64  # condensed weight rows per block (csrc: WARPS * 16)
+BK = 128  # dense inputs per pipeline stage
+STAGES = 3
+THREADS = 128
+_CTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
+SUPPORTED_DTYPES = tuple(_CTYPES)
+
+
+def _check_gpu(device: torch.device) -> None:
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        raise SamoyedsError(f"samoyeds GPU kernels need sparse tensor cores (compute capability 8.0 or newer); "
+                            f"{torch.cuda.get_device_name(device)} is {major}.{minor}")
+
+
+def _token_tile(slots: int, num_experts: int, samoyeds: bool, gate_up: bool) -> int:
+    """Tokens per tile, from the average slots per expert (a shape, so no host sync): small tiles for decode."""
+    per_expert = slots / max(num_experts, 1)
+    for bn in (8, 16, 32):
+        if per_expert <= bn:
+            return bn
+    return 32 if (samoyeds and gate_up) else 64  # samoyeds gate/up holds six accumulator sets
+
+
+@functools.cache
+def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
+    try:
+        import cupy
+    except ImportError:
+        raise SamoyedsError("samoyeds GPU kernels are compiled at first use with CuPy: pip install cupy-cuda13x "
+                            "(or cupy-cuda12x to match your CUDA)") from None
+    source = (resources.files("samoyeds_vllm.csrc") / "samoyeds_moe.cu").read_text()
+    names = [f"samoyeds::moe_gemm<{ctype}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gu).lower()}>"
+             for bn in (8, 16, 32, 64) for gu in (True, False) if not (samoyeds and gu and bn == 64)]
+    try:
+        module = cupy.RawModule(code=source, options=(f"--gpu-architecture={arch}", "-std=c++17"),
+                                name_expressions=names)
+        module.compile()
+    except cupy.cuda.compiler.CompileException as e:
+        raise SamoyedsError(f"compiling csrc/samoyeds_moe.cu for {arch} failed:\n{e}") from None
+    return module
+
+
+def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: bool, device: torch.device):
+    major, minor = torch.cuda.get_device_capability(device)
+    arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
+    module = _module(_CTYPES[dtype], samoyeds, segment, arch)
+    kernel = module.get_function(
+        f"samoyeds::moe_gemm<{_CTYPES[dtype]}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gate_up).lower()}>")
+    a_rows = 2 * BM if gate_up else BM
+    smem = STAGES * (a_rows * 128 + a_rows * 16 + bn * 256)
+    kernel.max_dynamic_shared_size_bytes = smem
+    return kernel, smem
+
+
+def tile_map(topk_ids: torch.Tensor, num_experts: int, bn: int):
+    """Slots sorted by expert and the tiles of at most `bn` slots of one expert each (all on the GPU).
+
+    Returns (sorted_slot, tile_expert, tile_start, tile_rows) as int32. The number of tiles is an upper bound from
+    the shapes (each expert wastes at most one partial tile); unused tiles have tile_rows = 0.
+    """
+    slots = topk_ids.numel()
+    key = topk_ids.reshape(-1).long()
+    key = torch.where(key < 0, num_experts, key)  # experts on other ranks sort last and get no tile
+    order = torch.sort(key, stable=True).indices
+    counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts]
+    tiles = (counts + bn - 1) // bn
+    tile_end = torch.cumsum(tiles, 0)
+    first_slot = torch.cumsum(counts, 0) - counts
+    n_tiles = -(-slots // bn) + min(num_experts, slots)
+    index = torch.arange(n_tiles, device=topk_ids.device)
+    expert = torch.searchsorted(tile_end, index, right=True)
+    clamped = expert.clamp(max=num_experts - 1)
+    local = index - (tile_end[clamped] - tiles[clamped])
+    rows = (counts[clamped] - local * bn).clamp(0, bn) * (expert < num_experts)
+    start = first_slot[clamped] + local * bn
+    return order.int(), clamped.int(), start.int(), rows.int()
+
+
+def _ptr(t: torch.Tensor | None) -> np.uint64:
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def supports(x: torch.Tensor, w13_values: torch.Tensor, w2_values: torch.Tensor) -> bool:
+    """Whether the kernels handle these shapes and dtypes (else the reference implementation runs)."""
+    return (x.dtype in SUPPORTED_DTYPES and w13_values.dtype == x.dtype
+            and w13_values.shape[1] % (2 * BM) == 0 and w2_values.shape[1] % BM == 0
+            and x.shape[1] % BK == 0 and (w2_values.shape[2] * 2) % BK == 0)
+
+
+def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2_meta, w2_rowsel,
+                     segment: int) -> torch.Tensor:
+    import cupy
+
+    _check_gpu(x.device)
+    samoyeds = segment != 0
+    seg = segment or BK
+    tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    num_experts, r13 = w13_values.shape[:2]
+    r2 = w2_values.shape[1]
+    inter = w2_values.shape[2] * 2
+    slots = tokens * top_k
+    x = x.contiguous()
+    weights = topk_weights.reshape(-1).float().contiguous()
+    act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
+    if os.environ.get("SAMOYEDS_POISON"):  # tests: an element the kernels fail to write shows up as NaN
+        act.fill_(float("nan"))
+    # Zeros: slots of experts on other ranks (id -1, expert parallelism) are never written and must add nothing.
+    y = torch.zeros(slots, hidden, dtype=x.dtype, device=x.device)
+
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(x.device).cuda_stream, x.device.index)
+    with cupy.cuda.Device(x.device.index), stream:
+        for gate_up in (True, False):
+            bn = _token_tile(slots, num_experts, samoyeds, gate_up)
+            kernel, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, x.device)
+            sorted_slot, tile_expert, tile_start, tile_rows = tile_map(topk_ids, num_experts, bn)
+            if gate_up:
+                args = (x, w13_values, w13_meta, w13_rowsel, act, r13, hidden, inter)
+                row_tiles = (r13 // 2) // BM
+            else:
+                args = (act, w2_values, w2_meta, w2_rowsel, y, r2, inter, hidden)
+                row_tiles = r2 // BM
+            src, values, meta, rowsel, out, rows, k, n_out = args
+            kernel((row_tiles, tile_rows.numel()), (THREADS,),
+                   (_ptr(src), _ptr(values), _ptr(meta), _ptr(rowsel), _ptr(out), _ptr(tile_expert),
+                    _ptr(tile_start), _ptr(tile_rows), _ptr(sorted_slot), _ptr(weights),
+                    np.int32(rows), np.int32(k), np.int32(top_k), np.int32(n_out)),
+                   shared_mem=smem)
+    return y.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
