@@ -25,9 +25,13 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <stdint.h>
 
 namespace samoyeds {
+
+// NVRTC has no <stdint.h>: the fixed-width types the packed format uses.
+using int16_t = short;
+using uint16_t = unsigned short;
+using uint8_t = unsigned char;
 
 constexpr int WARPS = 4;
 constexpr int THREADS = WARPS * 32;

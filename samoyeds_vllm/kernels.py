@@ -89,7 +89,9 @@ def tile_map(topk_ids: torch.Tensor, num_experts: int, bn: int):
     key = topk_ids.reshape(-1).long()
     key = torch.where(key < 0, num_experts, key)  # experts on other ranks sort last and get no tile
     order = torch.sort(key, stable=True).indices
-    counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts]
+    # scatter_add rather than bincount: bincount reads the maximum back to the host (no CUDA graph capture).
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=key.device)
+    counts = counts.scatter_add_(0, key, torch.ones_like(key))[:num_experts]
     tiles = (counts + bn - 1) // bn
     tile_end = torch.cumsum(tiles, 0)
     first_slot = torch.cumsum(counts, 0) - counts
@@ -101,6 +103,14 @@ def tile_map(topk_ids: torch.Tensor, num_experts: int, bn: int):
     rows = (counts[clamped] - local * bn).clamp(0, bn) * (expert < num_experts)
     start = first_slot[clamped] + local * bn
     return order.int(), clamped.int(), start.int(), rows.int()
+
+
+@functools.lru_cache(maxsize=64)
+def _cupy_stream(handle: int, device: int):
+    """CuPy's view of a torch stream, made once per stream."""
+    import cupy
+
+    return cupy.cuda.ExternalStream(handle, device)
 
 
 def _ptr(t: torch.Tensor | None) -> np.uint64:
@@ -135,7 +145,7 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     # Zeros: slots of experts on other ranks (id -1, expert parallelism) are never written and must add nothing.
     y = torch.zeros(slots, hidden, dtype=x.dtype, device=x.device)
 
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(x.device).cuda_stream, x.device.index)
+    stream = _cupy_stream(torch.cuda.current_stream(x.device).cuda_stream, x.device.index)
     with cupy.cuda.Device(x.device.index), stream:
         for gate_up in (True, False):
             bn = _token_tile(slots, num_experts, samoyeds, gate_up)
