@@ -105,6 +105,82 @@ struct Stage {
   BTile<BN> b;
 };
 
+// ------------------------------------------------------------------------------------------ routing index
+// One block of 1024 threads, before the GEMMs. Counting-sorts the (token, j) slots by expert and cuts each
+// expert's slots into tiles of at most BN1 (GEMM 1) and BN2 (GEMM 2) slots; unused tiles get rows = 0. The order
+// of slots inside an expert is whatever the atomics give: every slot's result depends only on its own token and
+// expert, so the layer's output is still bit-for-bit deterministic. Slots routed to an expert on another rank
+// (id outside [0, E), expert parallelism) get their output row zeroed here instead.
+
+constexpr int MAX_EXPERTS = 1024;
+
+struct TileSet {
+  int* expert;
+  int* start;
+  int* rows;
+  int bn;
+  int count;
+};
+
+__device__ void write_tiles(const TileSet& ts, const int* counts, const int* first, int* tile_end, int E) {
+  if (threadIdx.x == 0) {
+    int end = 0;
+    for (int e = 0; e < E; ++e) {
+      end += (counts[e] + ts.bn - 1) / ts.bn;
+      tile_end[e] = end;
+    }
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < ts.count; t += blockDim.x) {
+    int lo = 0, hi = E;  // first expert whose tile_end > t
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (tile_end[mid] > t) hi = mid; else lo = mid + 1;
+    }
+    if (lo < E) {
+      const int local = t - (tile_end[lo] - (counts[lo] + ts.bn - 1) / ts.bn);
+      const int rows = counts[lo] - local * ts.bn;
+      ts.expert[t] = lo;
+      ts.start[t] = first[lo] + local * ts.bn;
+      ts.rows[t] = rows < ts.bn ? rows : ts.bn;
+    } else {
+      ts.expert[t] = 0;
+      ts.start[t] = 0;
+      ts.rows[t] = 0;
+    }
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(1024) build_routing_index(
+    const long long* __restrict__ topk_ids,  // [slots]
+    int slots, int E,
+    int* __restrict__ sorted_slot,           // [slots] original slot per sorted position
+    int* t1_expert, int* t1_start, int* t1_rows, int bn1, int n1,
+    int* t2_expert, int* t2_start, int* t2_rows, int bn2, int n2,
+    unsigned short* __restrict__ y, int hidden) {  // [slots, hidden] 2-byte output rows
+  __shared__ int counts[MAX_EXPERTS], first[MAX_EXPERTS], cursor[MAX_EXPERTS], tile_end[MAX_EXPERTS];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+    const long long e = topk_ids[s];
+    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+    else for (int h = 0; h < hidden; ++h) y[(size_t)s * hidden + h] = 0;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (int e = 0; e < E; ++e) { first[e] = cursor[e] = total; total += counts[e]; }
+  }
+  __syncthreads();
+  for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+    const long long e = topk_ids[s];
+    if (e >= 0 && e < E) sorted_slot[atomicAdd(&cursor[e], 1)] = s;
+  }
+  write_tiles({t1_expert, t1_start, t1_rows, bn1, n1}, counts, first, tile_end, E);
+  write_tiles({t2_expert, t2_start, t2_rows, bn2, n2}, counts, first, tile_end, E);
+}
+
 // --------------------------------------------------------------------------------------------- the kernel
 
 template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP>

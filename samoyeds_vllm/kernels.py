@@ -5,8 +5,8 @@ install time) and CuPy caches the result on disk (`CUPY_CACHE_DIR`, default ~/.c
 torch's current stream with no host synchronisation, so vLLM can capture them in CUDA graphs.
 
 One MoE forward:
-1. routing index (torch ops on the GPU): slots (token, j) sorted by expert, and a tile map of up to BN slots of
-   one expert per tile, sized from the shapes alone;
+1. routing index (one small kernel): slots (token, j) sorted by expert, and a tile map of up to BN slots of one
+   expert per tile, sized from the shapes alone;
 2. GEMM 1 (gate and up, SiLU(gate) * up fused) reading the tokens' rows of x in place through the index;
    SAMOYEDS_POISON=1 fills its output buffer with NaN first, so tests see any element it fails to write;
 3. GEMM 2 (down, routing weight fused) writing each slot's output row;
@@ -28,6 +28,8 @@ BM = 64  # condensed weight rows per block (csrc: WARPS * 16)
 BK = 128  # dense inputs per pipeline stage
 STAGES = 3
 THREADS = 128
+MAX_EXPERTS = 1024  # csrc: shared-memory counters of the routing index
+ROUTING_KERNEL = "samoyeds::build_routing_index"
 _CTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 SUPPORTED_DTYPES = tuple(_CTYPES)
 
@@ -58,6 +60,7 @@ def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
     source = (resources.files("samoyeds_vllm.csrc") / "samoyeds_moe.cu").read_text()
     names = [f"samoyeds::moe_gemm<{ctype}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gu).lower()}>"
              for bn in (8, 16, 32, 64) for gu in (True, False) if not (samoyeds and gu and bn == 64)]
+    names.append(ROUTING_KERNEL)
     try:
         module = cupy.RawModule(code=source, options=(f"--gpu-architecture={arch}", "-std=c++17"),
                                 name_expressions=names)
@@ -67,42 +70,20 @@ def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
     return module
 
 
-def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: bool, device: torch.device):
+def _arch(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
-    arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
-    module = _module(_CTYPES[dtype], samoyeds, segment, arch)
+    return f"sm_{major}{minor}" + ("a" if major == 9 else "")
+
+
+@functools.cache
+def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: bool, device: torch.device):
+    module = _module(_CTYPES[dtype], samoyeds, segment, _arch(device))
     kernel = module.get_function(
         f"samoyeds::moe_gemm<{_CTYPES[dtype]}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gate_up).lower()}>")
     a_rows = 2 * BM if gate_up else BM
     smem = STAGES * (a_rows * 128 + a_rows * 16 + bn * 256)
     kernel.max_dynamic_shared_size_bytes = smem
     return kernel, smem
-
-
-def tile_map(topk_ids: torch.Tensor, num_experts: int, bn: int):
-    """Slots sorted by expert and the tiles of at most `bn` slots of one expert each (all on the GPU).
-
-    Returns (sorted_slot, tile_expert, tile_start, tile_rows) as int32. The number of tiles is an upper bound from
-    the shapes (each expert wastes at most one partial tile); unused tiles have tile_rows = 0.
-    """
-    slots = topk_ids.numel()
-    key = topk_ids.reshape(-1).long()
-    key = torch.where(key < 0, num_experts, key)  # experts on other ranks sort last and get no tile
-    order = torch.sort(key, stable=True).indices
-    # scatter_add rather than bincount: bincount reads the maximum back to the host (no CUDA graph capture).
-    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=key.device)
-    counts = counts.scatter_add_(0, key, torch.ones_like(key))[:num_experts]
-    tiles = (counts + bn - 1) // bn
-    tile_end = torch.cumsum(tiles, 0)
-    first_slot = torch.cumsum(counts, 0) - counts
-    n_tiles = -(-slots // bn) + min(num_experts, slots)
-    index = torch.arange(n_tiles, device=topk_ids.device)
-    expert = torch.searchsorted(tile_end, index, right=True)
-    clamped = expert.clamp(max=num_experts - 1)
-    local = index - (tile_end[clamped] - tiles[clamped])
-    rows = (counts[clamped] - local * bn).clamp(0, bn) * (expert < num_experts)
-    start = first_slot[clamped] + local * bn
-    return order.int(), clamped.int(), start.int(), rows.int()
 
 
 @functools.lru_cache(maxsize=64)
@@ -124,43 +105,59 @@ def supports(x: torch.Tensor, w13_values: torch.Tensor, w2_values: torch.Tensor)
             and x.shape[1] % BK == 0 and (w2_values.shape[2] * 2) % BK == 0)
 
 
+def _num_tiles(slots: int, num_experts: int, bn: int) -> int:
+    """Upper bound on tiles from the shapes alone: each expert with tokens wastes at most one partial tile."""
+    return -(-slots // bn) + min(num_experts, slots)
+
+
 def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2_meta, w2_rowsel,
                      segment: int) -> torch.Tensor:
-    import cupy
-
     _check_gpu(x.device)
     samoyeds = segment != 0
     seg = segment or BK
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     num_experts, r13 = w13_values.shape[:2]
+    if num_experts > MAX_EXPERTS:
+        raise SamoyedsError(f"the routing index handles at most {MAX_EXPERTS} experts per layer, not {num_experts}")
     r2 = w2_values.shape[1]
     inter = w2_values.shape[2] * 2
     slots = tokens * top_k
     x = x.contiguous()
+    ids = topk_ids.reshape(-1).to(torch.int64).contiguous()
     weights = topk_weights.reshape(-1).float().contiguous()
+    bn1, bn2 = (_token_tile(slots, num_experts, samoyeds, gate_up) for gate_up in (True, False))
+    n1, n2 = _num_tiles(slots, num_experts, bn1), _num_tiles(slots, num_experts, bn2)
+    index = torch.empty(slots + 3 * (n1 + n2), dtype=torch.int32, device=x.device)
+    sorted_slot, t1, t2 = index.split([slots, 3 * n1, 3 * n2])
+    t1, t2 = t1.view(3, n1), t2.view(3, n2)
     act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
     if os.environ.get("SAMOYEDS_POISON"):  # tests: an element the kernels fail to write shows up as NaN
         act.fill_(float("nan"))
-    # Zeros: slots of experts on other ranks (id -1, expert parallelism) are never written and must add nothing.
-    y = torch.zeros(slots, hidden, dtype=x.dtype, device=x.device)
+    y = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
+
+    import cupy
 
     stream = _cupy_stream(torch.cuda.current_stream(x.device).cuda_stream, x.device.index)
     with cupy.cuda.Device(x.device.index), stream:
-        for gate_up in (True, False):
-            bn = _token_tile(slots, num_experts, samoyeds, gate_up)
+        routing = _module(_CTYPES[x.dtype], samoyeds, seg, _arch(x.device)).get_function(ROUTING_KERNEL)
+        routing((1,), (1024,), (_ptr(ids), np.int32(slots), np.int32(num_experts), _ptr(sorted_slot),
+                                _ptr(t1[0]), _ptr(t1[1]), _ptr(t1[2]), np.int32(bn1), np.int32(n1),
+                                _ptr(t2[0]), _ptr(t2[1]), _ptr(t2[2]), np.int32(bn2), np.int32(n2),
+                                _ptr(y), np.int32(hidden)))
+        for gate_up, bn, tiles in ((True, bn1, t1), (False, bn2, t2)):
             kernel, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, x.device)
-            sorted_slot, tile_expert, tile_start, tile_rows = tile_map(topk_ids, num_experts, bn)
             if gate_up:
-                args = (x, w13_values, w13_meta, w13_rowsel, act, r13, hidden, inter)
+                src, values, meta, rowsel, out, rows, k, n_out = (x, w13_values, w13_meta, w13_rowsel, act, r13,
+                                                                   hidden, inter)
                 row_tiles = (r13 // 2) // BM
             else:
-                args = (act, w2_values, w2_meta, w2_rowsel, y, r2, inter, hidden)
+                src, values, meta, rowsel, out, rows, k, n_out = (act, w2_values, w2_meta, w2_rowsel, y, r2, inter,
+                                                                   hidden)
                 row_tiles = r2 // BM
-            src, values, meta, rowsel, out, rows, k, n_out = args
-            kernel((row_tiles, tile_rows.numel()), (THREADS,),
-                   (_ptr(src), _ptr(values), _ptr(meta), _ptr(rowsel), _ptr(out), _ptr(tile_expert),
-                    _ptr(tile_start), _ptr(tile_rows), _ptr(sorted_slot), _ptr(weights),
+            kernel((row_tiles, tiles.shape[1]), (THREADS,),
+                   (_ptr(src), _ptr(values), _ptr(meta), _ptr(rowsel), _ptr(out), _ptr(tiles[0]),
+                    _ptr(tiles[1]), _ptr(tiles[2]), _ptr(sorted_slot), _ptr(weights),
                     np.int32(rows), np.int32(k), np.int32(top_k), np.int32(n_out)),
                    shared_mem=smem)
-    return y.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return y.view(tokens, top_k, hidden).sum(dim=1)
