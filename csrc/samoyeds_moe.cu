@@ -110,7 +110,7 @@ struct Stage {
 // expert's slots into tiles of at most BN1 (GEMM 1) and BN2 (GEMM 2) slots; unused tiles get rows = 0. The order
 // of slots inside an expert is whatever the atomics give: every slot's result depends only on its own token and
 // expert, so the layer's output is still bit-for-bit deterministic. Slots routed to an expert on another rank
-// (id outside [0, E), expert parallelism) get their output row zeroed here instead.
+// (id outside [0, E), expert parallelism) get no tile; sum_slots skips them.
 
 constexpr int MAX_EXPERTS = 1024;
 
@@ -157,15 +157,13 @@ __global__ void __launch_bounds__(1024) build_routing_index(
     int slots, int E,
     int* __restrict__ sorted_slot,           // [slots] original slot per sorted position
     int* t1_expert, int* t1_start, int* t1_rows, int bn1, int n1,
-    int* t2_expert, int* t2_start, int* t2_rows, int bn2, int n2,
-    unsigned short* __restrict__ y, int hidden) {  // [slots, hidden] 2-byte output rows
+    int* t2_expert, int* t2_start, int* t2_rows, int bn2, int n2) {
   __shared__ int counts[MAX_EXPERTS], first[MAX_EXPERTS], cursor[MAX_EXPERTS], tile_end[MAX_EXPERTS];
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   for (int s = threadIdx.x; s < slots; s += blockDim.x) {
     const long long e = topk_ids[s];
     if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
-    else for (int h = 0; h < hidden; ++h) y[(size_t)s * hidden + h] = 0;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -190,6 +188,8 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
     const int16_t* __restrict__ meta,      // [E, R, K/16]
     const uint8_t* __restrict__ rowsel,    // [E, R, K/V] (samoyeds) or null
     T* __restrict__ out,                   // GATE_UP: act [slots, N_out]; else y [slots, N_out] by original slot
+    float* __restrict__ partial,           // split-K (gridDim.z > 1): fp32 partial sums instead of `out`:
+                                           //   GATE_UP [z, slots, 2 N_out] (gate | up), else [z, slots, N_out]
     const int* __restrict__ tile_expert,   // [num_tiles]
     const int* __restrict__ tile_start,    // [num_tiles] sorted position of the tile's first slot
     const int* __restrict__ tile_rows,     // [num_tiles] slots in the tile (0: no work)
@@ -198,7 +198,8 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
     int R,                                 // packed rows per expert (both halves for GATE_UP)
     int K,                                 // dense inputs
     int top_k,
-    int N_out) {                           // output features (row stride of out)
+    int N_out,                             // output features (row stride of out)
+    int slots) {                           // slots in the batch (row count of `partial` per split)
   using StageT = Stage<GATE_UP, BN>;
   constexpr int A_ROWS = StageT::A_ROWS;
   constexpr int NT = BN / 8;               // n8 tiles per warp
@@ -228,11 +229,14 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
   const size_t expert_rows = (size_t)expert * R;
   const T* a_base = values + expert_rows * (K / 2);
   const int16_t* m_base = meta + expert_rows * (K / 16);
-  const int k_tiles = K / BK;
+  // Split-K: block z of gridDim.z takes an equal share of the k tiles (more, shorter blocks for small batches).
+  const int k_total = K / BK;
+  const int kt_begin = (int)((long long)k_total * blockIdx.z / gridDim.z);
+  const int k_tiles = (int)((long long)k_total * (blockIdx.z + 1) / gridDim.z) - kt_begin;
 
   auto load_stage = [&](int slot, int kt) {
     StageT& s = stages[slot];
-    const int k0 = kt * BK;
+    const int k0 = (kt_begin + kt) * BK;
     // A: A_ROWS rows x 8 chunks
     for (int i = tid; i < A_ROWS * 8; i += THREADS) {
       const int r = i >> 3, c = i & 7;
@@ -295,7 +299,7 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
       }
       if (SAMOYEDS && (ks + 1) % SEG_STEPS == 0) {
         // Segment done: each condensed row's partial sums go to the row of its pair that the index selects.
-        const int segment = (kt * BK + ks * 32) / V;
+        const int segment = ((kt_begin + kt) * BK + ks * 32) / V;
 #pragma unroll
         for (int h = 0; h < HALVES; ++h) {
           const size_t p = expert_rows + (h ? half_rows : 0) + row0 + wrow0 + g;
@@ -319,6 +323,7 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
   cp_async_wait<0>();
 
   // Epilogue. Thread holds rows (g, g+8) x tile columns (2t, 2t+1) of each n8 tile.
+  const bool split = gridDim.z > 1;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
 #pragma unroll
@@ -327,25 +332,69 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
       if (n >= n_rows) continue;
       const int pos = first + n;
       const int crow = row0 + wrow0 + g + (i >> 1) * 8;  // condensed row (2:4: the output row)
+      const int orow = SAMOYEDS ? 2 * crow : crow;        // output feature of acc_even (acc_odd: orow + 1)
+      const size_t slot = GATE_UP ? (size_t)pos : (size_t)sorted_slot[pos];
+      if (split) {  // raw partial sums; the reduction kernels below finish the epilogue
+        const size_t width = GATE_UP ? 2 * (size_t)N_out : (size_t)N_out;
+        float* dst = partial + ((size_t)blockIdx.z * slots + slot) * width;
+        const float w = GATE_UP ? 1.0f : slot_weight[slot];
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h) {
+          dst[h * N_out + orow] = w * acc_even[h][j][i];
+          if (SAMOYEDS) dst[h * N_out + orow + 1] = w * acc_odd[h][j][i];
+        }
+        continue;
+      }
       float even, odd = 0.0f;
       if (GATE_UP) {
-        even = silu(acc_even[0][j][i]) * acc_even[GATE_UP ? 1 : 0][j][i];
-        if (SAMOYEDS) odd = silu(acc_odd[0][j][i]) * acc_odd[GATE_UP ? 1 : 0][j][i];
+        even = silu(acc_even[0][j][i]) * acc_even[HALVES - 1][j][i];
+        if (SAMOYEDS) odd = silu(acc_odd[0][j][i]) * acc_odd[HALVES - 1][j][i];
       } else {
-        const int slot = sorted_slot[pos];
         const float w = slot_weight[slot];
         even = w * acc_even[0][j][i];
         odd = w * acc_odd[0][j][i];
       }
-      const size_t out_row = GATE_UP ? (size_t)pos : (size_t)sorted_slot[pos];
-      T* dst = out + out_row * N_out;
-      if (SAMOYEDS) {
-        dst[2 * crow] = from_float<T>(even);
-        dst[2 * crow + 1] = from_float<T>(odd);
-      } else {
-        dst[crow] = from_float<T>(even);
-      }
+      T* dst = out + slot * N_out;
+      dst[orow] = from_float<T>(even);
+      if (SAMOYEDS) dst[orow + 1] = from_float<T>(odd);
     }
+  }
+}
+
+// ------------------------------------------------------------------------------------- split-K epilogues
+
+// act[pos, i] = SiLU(sum_z gate[z, pos, i]) * sum_z up[z, pos, i]
+template <typename T>
+__global__ void silu_mul_splits(const float* __restrict__ partial, T* __restrict__ act, int splits, int slots,
+                                int inter) {
+  const size_t n = (size_t)slots * inter;
+  for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
+    const size_t pos = idx / inter, i = idx % inter;
+    float gate = 0.0f, up = 0.0f;
+    for (int z = 0; z < splits; ++z) {
+      const float* row = partial + ((size_t)z * slots + pos) * 2 * inter;
+      gate += row[i];
+      up += row[inter + i];
+    }
+    act[idx] = from_float<T>(silu(gate) * up);
+  }
+}
+
+// out[t, h] = sum_j sum_z src[z, t * top_k + j, h] over the slots routed to an expert of this rank, in a fixed
+// order (deterministic). SRC is T (no split) or float (split-K partials).
+template <typename T, typename SRC>
+__global__ void sum_slots(const SRC* __restrict__ src, const long long* __restrict__ topk_ids, int E,
+                          T* __restrict__ out, int splits, int tokens, int top_k, int hidden) {
+  const size_t n = (size_t)tokens * hidden, slots = (size_t)tokens * top_k;
+  for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
+    const size_t token = idx / hidden, h = idx % hidden;
+    float total = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+      const long long e = topk_ids[token * top_k + j];
+      if (e < 0 || e >= E) continue;
+      for (int z = 0; z < splits; ++z) total += (float)src[((size_t)z * slots + token * top_k + j) * hidden + h];
+    }
+    out[idx] = from_float<T>(total);
   }
 }
 

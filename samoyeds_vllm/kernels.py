@@ -11,11 +11,13 @@ One MoE forward:
    SAMOYEDS_POISON=1 fills its output buffer with NaN first, so tests see any element it fails to write;
 3. GEMM 2 (down, routing weight fused) writing each slot's output row;
 4. sum over the top-k slots of each token (a fixed order: deterministic).
+For small batches both GEMMs split K over blockIdx.z into fp32 partials, which steps 2 and 4 then reduce.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from importlib import resources
 
@@ -25,6 +27,7 @@ import torch
 from .errors import SamoyedsError
 
 BM = 64  # condensed weight rows per block (csrc: WARPS * 16)
+MAX_SPLITS = 8  # split-K factor cap
 BK = 128  # dense inputs per pipeline stage
 STAGES = 3
 THREADS = 128
@@ -60,7 +63,8 @@ def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
     source = (resources.files("samoyeds_vllm.csrc") / "samoyeds_moe.cu").read_text()
     names = [f"samoyeds::moe_gemm<{ctype}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gu).lower()}>"
              for bn in (8, 16, 32, 64) for gu in (True, False) if not (samoyeds and gu and bn == 64)]
-    names.append(ROUTING_KERNEL)
+    names += [ROUTING_KERNEL, f"samoyeds::silu_mul_splits<{ctype}>", f"samoyeds::sum_slots<{ctype}, {ctype}>",
+              f"samoyeds::sum_slots<{ctype}, float>"]
     try:
         module = cupy.RawModule(code=source, options=(f"--gpu-architecture={arch}", "-std=c++17"),
                                 name_expressions=names)
@@ -110,6 +114,19 @@ def _num_tiles(slots: int, num_experts: int, bn: int) -> int:
     return -(-slots // bn) + min(num_experts, slots)
 
 
+def _splits(row_tiles: int, slots: int, num_experts: int, bn: int, k_tiles: int, sms: int) -> int:
+    """Split-K factor: small batches give few (row tile, token tile) blocks, each walking all of K; splitting K
+    makes enough shorter blocks to fill the GPU about four times over. Decided from the shapes alone."""
+    expected_experts = num_experts * (1 - (1 - 1 / num_experts) ** slots)  # experts with tokens, uniform routing
+    blocks = row_tiles * (expected_experts + slots / bn)
+    splits = math.ceil(4 * 3 * sms / blocks)
+    return max(1, min(splits, MAX_SPLITS, k_tiles // 2))
+
+
+def _elementwise_grid(n: int, sms: int) -> tuple[int]:
+    return (max(1, min(-(-n // 256), 8 * sms)),)
+
+
 def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2_meta, w2_rowsel,
                      segment: int) -> torch.Tensor:
     _check_gpu(x.device)
@@ -123,41 +140,51 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     r2 = w2_values.shape[1]
     inter = w2_values.shape[2] * 2
     slots = tokens * top_k
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     x = x.contiguous()
     ids = topk_ids.reshape(-1).to(torch.int64).contiguous()
     weights = topk_weights.reshape(-1).float().contiguous()
     bn1, bn2 = (_token_tile(slots, num_experts, samoyeds, gate_up) for gate_up in (True, False))
     n1, n2 = _num_tiles(slots, num_experts, bn1), _num_tiles(slots, num_experts, bn2)
+    z1 = _splits(r13 // 2 // BM, slots, num_experts, bn1, hidden // BK, sms)
+    z2 = _splits(r2 // BM, slots, num_experts, bn2, inter // BK, sms)
     index = torch.empty(slots + 3 * (n1 + n2), dtype=torch.int32, device=x.device)
     sorted_slot, t1, t2 = index.split([slots, 3 * n1, 3 * n2])
     t1, t2 = t1.view(3, n1), t2.view(3, n2)
     act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
     if os.environ.get("SAMOYEDS_POISON"):  # tests: an element the kernels fail to write shows up as NaN
         act.fill_(float("nan"))
-    y = torch.empty(slots, hidden, dtype=x.dtype, device=x.device)
+    partial1 = torch.empty(z1, slots, 2 * inter, dtype=torch.float32, device=x.device) if z1 > 1 else None
+    y = torch.empty(z2, slots, hidden, dtype=torch.float32 if z2 > 1 else x.dtype, device=x.device)
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
 
     import cupy
 
+    ctype = _CTYPES[x.dtype]
+    module = _module(ctype, samoyeds, seg, _arch(x.device))
     stream = _cupy_stream(torch.cuda.current_stream(x.device).cuda_stream, x.device.index)
     with cupy.cuda.Device(x.device.index), stream:
-        routing = _module(_CTYPES[x.dtype], samoyeds, seg, _arch(x.device)).get_function(ROUTING_KERNEL)
-        routing((1,), (1024,), (_ptr(ids), np.int32(slots), np.int32(num_experts), _ptr(sorted_slot),
-                                _ptr(t1[0]), _ptr(t1[1]), _ptr(t1[2]), np.int32(bn1), np.int32(n1),
-                                _ptr(t2[0]), _ptr(t2[1]), _ptr(t2[2]), np.int32(bn2), np.int32(n2),
-                                _ptr(y), np.int32(hidden)))
-        for gate_up, bn, tiles in ((True, bn1, t1), (False, bn2, t2)):
+        module.get_function(ROUTING_KERNEL)(
+            (1,), (1024,), (_ptr(ids), np.int32(slots), np.int32(num_experts), _ptr(sorted_slot),
+                            _ptr(t1[0]), _ptr(t1[1]), _ptr(t1[2]), np.int32(bn1), np.int32(n1),
+                            _ptr(t2[0]), _ptr(t2[1]), _ptr(t2[2]), np.int32(bn2), np.int32(n2)))
+        gemms = ((True, bn1, t1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1, r13, hidden, inter,
+                  r13 // 2 // BM),
+                 (False, bn2, t2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter, hidden, r2 // BM))
+        for gate_up, bn, tiles, z, src, values, meta, rowsel, dst, partial, rows, k, n_out, row_tiles in gemms:
             kernel, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, x.device)
-            if gate_up:
-                src, values, meta, rowsel, out, rows, k, n_out = (x, w13_values, w13_meta, w13_rowsel, act, r13,
-                                                                   hidden, inter)
-                row_tiles = (r13 // 2) // BM
-            else:
-                src, values, meta, rowsel, out, rows, k, n_out = (act, w2_values, w2_meta, w2_rowsel, y, r2, inter,
-                                                                   hidden)
-                row_tiles = r2 // BM
-            kernel((row_tiles, tiles.shape[1]), (THREADS,),
-                   (_ptr(src), _ptr(values), _ptr(meta), _ptr(rowsel), _ptr(out), _ptr(tiles[0]),
-                    _ptr(tiles[1]), _ptr(tiles[2]), _ptr(sorted_slot), _ptr(weights),
-                    np.int32(rows), np.int32(k), np.int32(top_k), np.int32(n_out)),
+            kernel((row_tiles, tiles.shape[1], z), (THREADS,),
+                   (_ptr(src), _ptr(values), _ptr(meta), _ptr(rowsel), _ptr(dst), _ptr(partial if z > 1 else None),
+                    _ptr(tiles[0]), _ptr(tiles[1]), _ptr(tiles[2]), _ptr(sorted_slot), _ptr(weights),
+                    np.int32(rows), np.int32(k), np.int32(top_k), np.int32(n_out), np.int32(slots)),
                    shared_mem=smem)
-    return y.view(tokens, top_k, hidden).sum(dim=1)
+            if gate_up and z > 1:
+                module.get_function(f"samoyeds::silu_mul_splits<{ctype}>")(
+                    _elementwise_grid(slots * inter, sms), (256,),
+                    (_ptr(partial1), _ptr(act), np.int32(z), np.int32(slots), np.int32(inter)))
+        reduce = f"samoyeds::sum_slots<{ctype}, {'float' if z2 > 1 else ctype}>"
+        module.get_function(reduce)(
+            _elementwise_grid(tokens * hidden, sms), (256,),
+            (_ptr(y), _ptr(ids), np.int32(num_experts), _ptr(out), np.int32(z2), np.int32(tokens),
+             np.int32(top_k), np.int32(hidden)))
+    return out
