@@ -90,6 +90,6 @@ def _(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2
     from . import kernels
 
     args = (x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2_meta, w2_rowsel, segment)
-    if kernels.supports(x, w13_values, w2_values) and not os.environ.get("SAMOYEDS_FORCE_REFERENCE"):
+    if kernels.supports(x.dtype, w13_values, w2_values) and not os.environ.get("SAMOYEDS_FORCE_REFERENCE"):
         return kernels.moe_experts_cuda(*args)
     return moe_experts_reference(*args)  # float32, shapes off the kernels' tiles, or asked for (debugging)

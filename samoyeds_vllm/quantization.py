@@ -22,10 +22,14 @@ from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMetho
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from vllm.model_executor.utils import set_weight_attrs
 
-from . import ops
+from vllm.logger import init_logger
+
+from . import kernels, ops
 from .convert import QUANT_METHOD
 from .errors import PatternError
 from .formats import FORMAT_VERSION, SUFFIXES, PackedWeight, Pattern, check_packed, compress, prune
+
+logger = init_logger(__name__)
 
 #: Metadata that names positions (0, 1) in every group: valid, so unloaded (dummy) weights still run.
 _VALID_META_FILL = 0x4444
@@ -164,6 +168,11 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
                                                  torch.nn.Parameter(tensor, requires_grad=False))
             check_packed(self._packed(layer, name), self.pattern, self.dense_shapes[name],
                          name=f"{layer.layer_name}.{name}_weight")
+        w13, w2 = self._packed(layer, "w13").values, self._packed(layer, "w2").values
+        if w13.is_cuda and not kernels.supports(w13.dtype, w13, w2):
+            logger.warning("%s: the samoyeds GPU kernels need bf16/fp16 weights in whole 64-row and 128-input "
+                           "tiles; this layer runs the slow reference implementation, which also cannot be "
+                           "captured in CUDA graphs (use --enforce-eager)", layer.layer_name)
 
     def _packed(self, layer: RoutedExperts, name: str) -> PackedWeight:
         return PackedWeight(*(getattr(layer, f"{name}_{SUFFIXES[part]}", None) for part in PackedWeight._fields))
