@@ -1,0 +1,39 @@
+"""Where the time of one sparse MoE forward goes, kernel by kernel (torch.profiler / CUPTI), on a GPU.
+
+    python benchmarks/profile_moe.py [--shape qwen3-30b-a3b] [--pattern samoyeds] [--tokens 16,256]
+"""
+
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from samoyeds_vllm.architectures import moe_shape
+from samoyeds_vllm.bench import load_preset_family, make_problem, ours
+from samoyeds_vllm.formats import Pattern
+from samoyeds_vllm.model_maker import load_preset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", default="qwen3-30b-a3b")
+    parser.add_argument("--pattern", default="samoyeds")
+    parser.add_argument("--tokens", default="16,256")
+    args = parser.parse_args()
+    shape = moe_shape(load_preset(load_preset_family(args.shape), args.shape))
+    pattern = Pattern.parse(args.pattern)
+    for tokens in map(int, args.tokens.split(",")):
+        fn = ours(make_problem(shape, pattern, tokens, seed=tokens), pattern)
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+        print(f"--- {args.shape} {pattern} T={tokens} (10 calls)")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
