@@ -86,6 +86,14 @@ template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
 
+// Two adjacent outputs (a row pair's even and odd row) in one 4-byte store.
+__device__ __forceinline__ void store_pair(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void store_pair(__half* p, float a, float b) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
 
 // ------------------------------------------------------------------------------------ shared-memory tiles
@@ -122,14 +130,40 @@ struct TileSet {
   int count;
 };
 
-__device__ void write_tiles(const TileSet& ts, const int* counts, const int* first, int* tile_end, int E) {
-  if (threadIdx.x == 0) {
-    int end = 0;
-    for (int e = 0; e < E; ++e) {
-      end += (counts[e] + ts.bn - 1) / ts.bn;
-      tile_end[e] = end;
-    }
+// Exclusive prefix sum over the block (blockDim.x = 1024): warp shuffles, then a scan of the 32 warp totals.
+__device__ int block_exclusive_scan(int value, int* warp_sums, int& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  int inclusive = value;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
   }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < warps ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const int other = __shfl_up_sync(0xffffffffu, w, offset);
+      if (lane >= offset) w += other;
+    }
+    warp_sums[lane] = w;
+  }
+  __syncthreads();
+  const int result = (warp > 0 ? warp_sums[warp - 1] : 0) + inclusive - value;
+  total = warp_sums[warps - 1];
+  __syncthreads();  // warp_sums is reused by the next scan
+  return result;
+}
+
+__device__ void write_tiles(const TileSet& ts, const int* counts, int* tile_end, int* warp_sums, const int* first,
+                            int E) {
+  const int e = threadIdx.x;
+  const int tiles = e < E ? (counts[e] + ts.bn - 1) / ts.bn : 0;
+  int total;
+  const int before = block_exclusive_scan(tiles, warp_sums, total);
+  if (e < E) tile_end[e] = before + tiles;
   __syncthreads();
   for (int t = threadIdx.x; t < ts.count; t += blockDim.x) {
     int lo = 0, hi = E;  // first expert whose tile_end > t
@@ -159,6 +193,7 @@ __global__ void __launch_bounds__(1024) build_routing_index(
     int* t1_expert, int* t1_start, int* t1_rows, int bn1, int n1,
     int* t2_expert, int* t2_start, int* t2_rows, int bn2, int n2) {
   __shared__ int counts[MAX_EXPERTS], first[MAX_EXPERTS], cursor[MAX_EXPERTS], tile_end[MAX_EXPERTS];
+  __shared__ int warp_sums[32];
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   for (int s = threadIdx.x; s < slots; s += blockDim.x) {
@@ -166,17 +201,17 @@ __global__ void __launch_bounds__(1024) build_routing_index(
     if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int total = 0;
-    for (int e = 0; e < E; ++e) { first[e] = cursor[e] = total; total += counts[e]; }
-  }
+  int total;
+  const int e = threadIdx.x;
+  const int start = block_exclusive_scan(e < E ? counts[e] : 0, warp_sums, total);
+  if (e < E) first[e] = cursor[e] = start;
   __syncthreads();
   for (int s = threadIdx.x; s < slots; s += blockDim.x) {
-    const long long e = topk_ids[s];
-    if (e >= 0 && e < E) sorted_slot[atomicAdd(&cursor[e], 1)] = s;
+    const long long ex = topk_ids[s];
+    if (ex >= 0 && ex < E) sorted_slot[atomicAdd(&cursor[ex], 1)] = s;
   }
-  write_tiles({t1_expert, t1_start, t1_rows, bn1, n1}, counts, first, tile_end, E);
-  write_tiles({t2_expert, t2_start, t2_rows, bn2, n2}, counts, first, tile_end, E);
+  write_tiles({t1_expert, t1_start, t1_rows, bn1, n1}, counts, tile_end, warp_sums, first, E);
+  write_tiles({t2_expert, t2_start, t2_rows, bn2, n2}, counts, tile_end, warp_sums, first, E);
 }
 
 // --------------------------------------------------------------------------------------------- the kernel
@@ -340,8 +375,12 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
         const float w = GATE_UP ? 1.0f : slot_weight[slot];
 #pragma unroll
         for (int h = 0; h < HALVES; ++h) {
-          dst[h * N_out + orow] = w * acc_even[h][j][i];
-          if (SAMOYEDS) dst[h * N_out + orow + 1] = w * acc_odd[h][j][i];
+          if (SAMOYEDS) {
+            *reinterpret_cast<float2*>(dst + h * N_out + orow) = make_float2(w * acc_even[h][j][i],
+                                                                             w * acc_odd[h][j][i]);
+          } else {
+            dst[h * N_out + orow] = w * acc_even[h][j][i];
+          }
         }
         continue;
       }
@@ -355,8 +394,8 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
         odd = w * acc_odd[0][j][i];
       }
       T* dst = out + slot * N_out;
-      dst[orow] = from_float<T>(even);
-      if (SAMOYEDS) dst[orow + 1] = from_float<T>(odd);
+      if (SAMOYEDS) store_pair(dst + orow, even, odd);
+      else dst[orow] = from_float<T>(even);
     }
   }
 }
