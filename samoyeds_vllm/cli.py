@@ -13,8 +13,13 @@ from .errors import SamoyedsError
 def _make_model(args: argparse.Namespace) -> None:
     from .model_maker import make_model
 
+    from .formats import Pattern
+
+    sparse = Pattern.parse(args.sparse, args.segment) if args.sparse else None
+    if args.segment is not None and args.sparse != "samoyeds":
+        raise SamoyedsError("--segment applies to --sparse samoyeds only")
     make_model(args.arch, args.preset, Path(args.out), dtype=args.dtype, seed=args.seed,
-               config_only=args.config_only, force=args.force)
+               config_only=args.config_only, force=args.force, sparse=sparse)
 
 
 def _convert(args: argparse.Namespace) -> None:
@@ -65,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config-only", action="store_true",
                    help="write config.json and the tokenizer only (for load_format=dummy benchmarks)")
+    p.add_argument("--sparse", choices=["2:4", "samoyeds"],
+                   help="with --config-only: mark the config as a packed sparse checkpoint, so vLLM's "
+                        "load_format=dummy allocates only packed expert weights")
+    p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V for --sparse")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=_make_model)
 

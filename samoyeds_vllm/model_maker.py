@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .architectures import ARCHITECTURES, DOWN
+from .architectures import ARCHITECTURES, DOWN, architecture_of
 from .checkpoint import DEFAULT_MAX_SHARD_BYTES, ShardedWriter, check_output_dir, staged_dirs
 from .errors import SamoyedsError
+from .formats import Pattern
 from .tokenizer import build_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -180,8 +181,11 @@ def _write_json(path: Path, data: dict) -> None:
 
 def make_model(arch: str, preset: str, out_dir: Path, dtype: str | None = None, seed: int = 0,
                config_only: bool = False, force: bool = False,
-               max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
+               max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, sparse: Pattern | None = None) -> Path:
     """Write a model folder (config.json, generation_config.json, tokenizer, random safetensors weights) to out_dir.
+
+    `sparse` (config only) marks the config as a packed samoyeds checkpoint of that pattern, so that vLLM with
+    load_format="dummy" allocates only the packed expert weights: models too large for the GPU when dense load.
 
     Everything is written into a hidden sibling folder that is renamed to out_dir at the end, so a failed or
     interrupted run leaves no out_dir (and, with force, the previous one untouched). Returns out_dir.
@@ -191,6 +195,13 @@ def make_model(arch: str, preset: str, out_dir: Path, dtype: str | None = None, 
     if not config_only and arch not in _LAYOUTS:
         raise SamoyedsError(f"random weights for {arch} are not supported (supported: {', '.join(_LAYOUTS)}); "
                             "use --config-only to write its config and tokenizer")
+    if sparse is not None:
+        if not config_only:
+            raise SamoyedsError("--sparse describes packed weights for load_format=dummy: use it with --config-only "
+                                "(to sparsify real weights, make the model dense and run `samoyeds-vllm convert`)")
+        from .convert import sparse_quantization_config
+
+        hf_config["quantization_config"] = sparse_quantization_config(architecture_of(hf_config), sparse, "dummy")
     if dtype is not None:
         if dtype not in DTYPES:
             raise SamoyedsError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")

@@ -315,3 +315,16 @@ def test_cli(tmp_path, capsys):
     assert main(["make-model", "--arch", "qwen3_moe", "--out", str(tmp_path / "m")]) == 2
     assert capsys.readouterr().err == (f"samoyeds-vllm make-model: error: output directory {tmp_path / 'm'} already "
                                        "exists; choose another path or pass --force to replace it\n")
+
+
+def test_config_only_sparse_marks_a_packed_checkpoint(tmp_path):
+    from samoyeds_vllm.formats import Pattern
+
+    model = make_model("qwen3_moe", "qwen3-30b-a3b", tmp_path / "m", config_only=True,
+                       sparse=Pattern.parse("samoyeds", 64))
+    quant = json.loads((model / "config.json").read_text())["quantization_config"]
+    assert (quant["quant_method"], quant["format_version"], quant["segment"]) == ("samoyeds", 1, 64)
+    assert not list(model.glob("*.safetensors"))
+    with pytest.raises(SamoyedsError, match="use it with --config-only"):
+        make_model("qwen3_moe", "tiny", tmp_path / "w", sparse=Pattern.parse("2:4"))
+    assert not (tmp_path / "w").exists()

@@ -133,3 +133,14 @@ def test_load_errors_name_the_tensor(converted, tmp_path):
 
     _, log = run_engine(rewrite_checkpoint(sparse, tmp_path / "future", future_version), expect_ok=False)
     assert "samoyeds checkpoint format_version 99 is not supported" in log
+
+
+def test_config_only_sparse_model_loads_dummy_packed_weights(tmp_path):
+    """A config-only model marked sparse loads straight into packed parameters with load_format=dummy (how
+    benchmarks run models whose dense weights would not fit), and generates."""
+    from samoyeds_vllm.model_maker import make_model
+
+    model = make_model("mixtral", "tiny", tmp_path / "dummy", config_only=True, sparse=Pattern.parse("2:4"))
+    tokens, log = run_engine(model, "--load-format", "dummy")
+    assert "quantization=samoyeds" in log and "load_format=dummy" in log
+    assert [len(t) for t in tokens] == [MAX_TOKENS] * len(PROMPTS)
