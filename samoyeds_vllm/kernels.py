@@ -8,10 +8,11 @@ One MoE forward:
 1. routing index (one small kernel): slots (token, j) sorted by expert, and a tile map of up to BN slots of one
    expert per tile, sized from the shapes alone;
 2. GEMM 1 (gate and up, SiLU(gate) * up fused) reading the tokens' rows of x in place through the index;
-   SAMOYEDS_POISON=1 fills its output buffer with NaN first, so tests see any element it fails to write;
 3. GEMM 2 (down, routing weight fused) writing each slot's output row;
 4. sum over the top-k slots of each token (a fixed order: deterministic).
-For small batches both GEMMs split K over blockIdx.z into fp32 partials, which steps 2 and 4 then reduce.
+Batches too small to fill the GPU split K over blockIdx.z into fp32 partials, which a SiLU kernel after GEMM 1
+and step 4 reduce. SAMOYEDS_POISON=1 (tests) fills the intermediate activations with NaN before GEMM 1, so an
+element the kernels fail to write shows up in the output.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def _token_tile(slots: int, num_experts: int, samoyeds: bool, gate_up: bool) -> 
 
 @functools.cache
 def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
+    """The compiled kernels of one dtype and pattern: every token-tile size of both GEMMs, and the helpers."""
     try:
         import cupy
     except ImportError:
