@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--quantization", help="'samoyeds' to sparsify a dense checkpoint on load")
     parser.add_argument("--hf-overrides", type=json.loads, help="JSON, e.g. a quantization_config with a pattern")
     parser.add_argument("--load-format", default="auto", help="'dummy': random weights (config-only models)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--json-out", help="write prompts, token ids and texts here")
     args = parser.parse_args()
 
@@ -33,6 +34,7 @@ def main() -> None:
 
     llm = LLM(model=args.model, dtype=args.dtype, enforce_eager=not args.compile, quantization=args.quantization,
               hf_overrides=args.hf_overrides, load_format=args.load_format, max_model_len=1024, seed=0,
+              tensor_parallel_size=args.tensor_parallel_size,
               # vLLM's CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE and wants a low utilisation.
               gpu_memory_utilization=0.9 if torch.cuda.is_available() else 0.3)
     prompts = args.prompt or DEFAULT_PROMPTS

@@ -23,14 +23,15 @@ MAX_TOKENS = 12
 ENV = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
 
 
-def run_engine(model: Path, *extra: str, expect_ok: bool = True) -> tuple[list[list[int]] | None, str]:
+def run_engine(model: Path, *extra: str, expect_ok: bool = True, env: dict | None = None
+               ) -> tuple[list[list[int]] | None, str]:
     """Greedy tokens of PROMPTS from vLLM (or None), and the run's log."""
     out = model.parent / f"tokens-{model.name}-{abs(hash(extra))}.json"
     cmd = [sys.executable, str(REPO / "examples" / "offline_generate.py"), str(model), "--dtype", "float32",
            "--max-tokens", str(MAX_TOKENS), "--json-out", str(out), *extra]
     for prompt in PROMPTS:
         cmd += ["--prompt", prompt]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(ENV, **(env or {})))
     log = result.stdout + result.stderr
     if not expect_ok:
         assert result.returncode != 0, "the engine was expected to refuse this checkpoint"
@@ -144,3 +145,25 @@ def test_config_only_sparse_model_loads_dummy_packed_weights(tmp_path):
     tokens, log = run_engine(model, "--load-format", "dummy")
     assert "quantization=samoyeds" in log and "load_format=dummy" in log
     assert [len(t) for t in tokens] == [MAX_TOKENS] * len(PROMPTS)
+
+
+# vLLM's CPU workers each need their own cores: one core per worker on a two-core machine.
+TWO_WORKERS = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+def test_tensor_parallel_shards_give_the_same_tokens(converted, qwen3_eager_tokens):
+    """TP=2 splits each expert's packed w13 rows and w2 segments between two workers: same tokens as TP=1."""
+    sparse, _ = converted("qwen3_moe")
+    tokens, _ = run_engine(sparse, "--tensor-parallel-size", "2", env=TWO_WORKERS)
+    assert tokens == qwen3_eager_tokens
+
+
+def test_tensor_parallel_size_that_cuts_segments_is_refused(tmp_path):
+    from samoyeds_vllm.model_maker import make_model
+
+    model = make_model("qwen3_moe", "tiny", tmp_path / "narrow", config_only=True, sparse=Pattern.parse("samoyeds"))
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, moe_intermediate_size=128)))
+    _, log = run_engine(model, "--load-format", "dummy", "--tensor-parallel-size", "2", expect_ok=False,
+                        env=TWO_WORKERS)
+    assert "Tensor parallel size 2 splits the expert intermediate size 128 into 64-wide shards" in log
