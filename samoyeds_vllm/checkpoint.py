@@ -89,10 +89,6 @@ class CheckpointReader:
                     raise CheckpointError(f"{path}: tensor {key} also appears in {self._file_of[key]}")
                 self._file_of[key] = name
 
-    @property
-    def files(self) -> list[str]:
-        return list(self._handles)
-
     def names(self) -> list[str]:
         """Every tensor name, shard by shard, in file order."""
         return list(self._file_of)
@@ -107,9 +103,6 @@ class CheckpointReader:
             raise CheckpointError(f"{self.model_dir}: no tensor named {name}") from None
         except Exception as e:
             raise CheckpointError(f"{self.model_dir / self._file_of[name]}: cannot read {name} ({e})") from None
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._file_of
 
 
 class ShardedWriter:
