@@ -58,6 +58,23 @@ def _bench_moe(args: argparse.Namespace) -> None:
               with_vllm=not args.no_vllm)
 
 
+def _bench_e2e(args: argparse.Namespace) -> None:
+    import shlex
+
+    from .bench_e2e import bench_e2e
+    from .formats import Pattern
+
+    def pairs(text):
+        try:
+            return [tuple(int(n) for n in mix.split(":")) for mix in text.split(",")]
+        except ValueError:
+            raise SamoyedsError(f"--mixes wants INPUT:OUTPUT pairs separated by commas, not {text!r}") from None
+
+    bench_e2e(args.model, Pattern.parse(args.pattern, args.segment), Path(args.out), mixes=pairs(args.mixes),
+              num_prompts=args.num_prompts, concurrencies=[int(c) for c in args.concurrency.split(",")],
+              seq_len=args.seq_len, engine_args=shlex.split(args.engine_args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="samoyeds-vllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,6 +117,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the results here")
     p.add_argument("--no-vllm", action="store_true", help="time ours only")
     p.set_defaults(func=_bench_moe)
+
+    p = bench.add_parser("e2e", help="dense vLLM vs samoyeds end to end: throughput, serving, memory (GPU)")
+    p.add_argument("--model", default="qwen3-30b-a3b", help="a real-shape preset of configs/models")
+    p.add_argument("--pattern", default="samoyeds", choices=["2:4", "samoyeds"])
+    p.add_argument("--segment", type=int, default=None)
+    p.add_argument("--out", required=True, help="directory for JSON, markdown, plots and logs")
+    p.add_argument("--mixes", default="128:128,1024:256,4096:64", help="offline INPUT:OUTPUT token mixes")
+    p.add_argument("--num-prompts", type=int, default=200)
+    p.add_argument("--concurrency", default="1,4,16,64,256", help="serving client concurrencies")
+    p.add_argument("--seq-len", type=int, default=4096, help="sequence length for the max-concurrency probe")
+    p.add_argument("--engine-args", default="", help="extra engine flags for both variants, quoted")
+    p.set_defaults(func=_bench_e2e)
     return parser
 
 

@@ -25,7 +25,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _vllm_command() -> list[str]:
+def vllm_command() -> list[str]:
     """The `vllm` CLI of this interpreter's environment (falls back to running its module)."""
     exe = Path(sys.executable).with_name("vllm")
     if exe.exists():
@@ -45,7 +45,7 @@ class VllmServer:
                  log_path: str | Path | None = None, startup_timeout: float = 900.0, env: dict | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [*_vllm_command(), "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port),
+        self.command = [*vllm_command(), "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port),
                         *args]
         self.log_path = Path(log_path) if log_path else Path(f"vllm-serve-{self.port}.log")
         self.startup_timeout = startup_timeout
