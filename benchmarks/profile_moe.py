@@ -8,10 +8,8 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from samoyeds_vllm.architectures import moe_shape
-from samoyeds_vllm.bench import load_preset_family, make_problem, ours
+from samoyeds_vllm.bench import make_problem, ours, preset_shape
 from samoyeds_vllm.formats import Pattern
-from samoyeds_vllm.model_maker import load_preset
 
 
 def main() -> None:
@@ -20,7 +18,7 @@ def main() -> None:
     parser.add_argument("--pattern", default="samoyeds")
     parser.add_argument("--tokens", default="16,256")
     args = parser.parse_args()
-    shape = moe_shape(load_preset(load_preset_family(args.shape), args.shape))
+    shape = preset_shape(args.shape)
     pattern = Pattern.parse(args.pattern)
     for tokens in map(int, args.tokens.split(",")):
         fn = ours(make_problem(shape, pattern, tokens, seed=tokens), pattern)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from . import ops
 from .architectures import MoEShape, moe_shape
 from .formats import Pattern, compress, prune
-from .model_maker import load_preset
+from .model_maker import load_preset, preset_family
 
 DEFAULT_TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
 
@@ -151,7 +151,7 @@ def bench_moe(shape_name: str, tokens: list[int], pattern: Pattern, dtype=torch.
               json_path: Path | None = None, with_vllm: bool = True) -> list[dict]:
     from tqdm import tqdm
 
-    shape = moe_shape(load_preset(load_preset_family(shape_name), shape_name))
+    shape = preset_shape(shape_name)
     if with_vllm:
         try:
             import vllm  # noqa: F401
@@ -190,13 +190,9 @@ def bench_moe(shape_name: str, tokens: list[int], pattern: Pattern, dtype=torch.
     return rows
 
 
-def load_preset_family(preset: str) -> str:
-    from .model_maker import available_presets
-
-    presets = available_presets()
-    if preset not in presets:
-        raise SystemExit(f"unknown shape {preset!r}; choose one of {', '.join(presets)}")
-    return presets[preset]
+def preset_shape(preset: str) -> MoEShape:
+    """The routed-expert shape of a configs/models preset."""
+    return moe_shape(load_preset(preset_family(preset), preset))
 
 
 def _version(package: str) -> str | None:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from .errors import SamoyedsError
 from .formats import Pattern
-from .model_maker import make_model
+from .model_maker import make_model, preset_family
 from .server import VllmServer, vllm_command
 
 VARIANTS = ("dense", "samoyeds")
@@ -155,11 +155,9 @@ def run_variant(model: Path, mixes, num_prompts, concurrencies, seq_len, engine_
 def bench_e2e(preset: str, pattern: Pattern, out: Path, mixes=((128, 128), (1024, 256), (4096, 64)),
               num_prompts: int = 200, concurrencies=(1, 4, 16, 64, 256), seq_len: int = 4096,
               engine_args: list[str] = ()) -> dict:
-    from .bench import load_preset_family
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    family = load_preset_family(preset)
+    family = preset_family(preset)
     models = {"dense": make_model(family, preset, out / "models" / "dense", config_only=True, force=True),
               "samoyeds": make_model(family, preset, out / "models" / "samoyeds", config_only=True, force=True,
                                      sparse=pattern)}

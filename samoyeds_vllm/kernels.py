@@ -82,10 +82,16 @@ def _arch(device: torch.device) -> str:
 
 
 @functools.cache
+def _function(dtype: torch.dtype, samoyeds: bool, segment: int, device: torch.device, name: str):
+    """One kernel of the compiled module, looked up once (the forward runs on every decode step)."""
+    return _module(_CTYPES[dtype], samoyeds, segment, _arch(device)).get_function(name)
+
+
+@functools.cache
 def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: bool, device: torch.device):
-    module = _module(_CTYPES[dtype], samoyeds, segment, _arch(device))
-    kernel = module.get_function(
-        f"samoyeds::moe_gemm<{_CTYPES[dtype]}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gate_up).lower()}>")
+    kernel = _function(dtype, samoyeds, segment, device,
+                       f"samoyeds::moe_gemm<{_CTYPES[dtype]}, {str(samoyeds).lower()}, {segment}, {bn}, "
+                       f"{str(gate_up).lower()}>")
     a_rows = 2 * BM if gate_up else BM
     smem = STAGES * (a_rows * 128 + a_rows * 16 + bn * 256)
     kernel.max_dynamic_shared_size_bytes = smem
@@ -168,10 +174,9 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     import cupy
 
     ctype = _CTYPES[x.dtype]
-    module = _module(ctype, samoyeds, seg, _arch(x.device))
     stream = _cupy_stream(torch.cuda.current_stream(x.device).cuda_stream, x.device.index)
     with cupy.cuda.Device(x.device.index), stream:
-        module.get_function(ROUTING_KERNEL)(
+        _function(x.dtype, samoyeds, seg, x.device, ROUTING_KERNEL)(
             (1,), (1024,), (_ptr(ids), np.int32(slots), np.int32(num_experts), _ptr(sorted_slot),
                             _ptr(t1[0]), _ptr(t1[1]), _ptr(t1[2]), np.int32(bn1), np.int32(n1),
                             _ptr(t2[0]), _ptr(t2[1]), _ptr(t2[2]), np.int32(bn2), np.int32(n2)))
@@ -186,11 +191,11 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
                     np.int32(rows), np.int32(k), np.int32(top_k), np.int32(n_out), np.int32(slots)),
                    shared_mem=smem)
             if gate_up and z > 1:
-                module.get_function(f"samoyeds::silu_mul_splits<{ctype}>")(
+                _function(x.dtype, samoyeds, seg, x.device, f"samoyeds::silu_mul_splits<{ctype}>")(
                     _elementwise_grid(slots * inter, sms), (256,),
                     (_ptr(partial1), _ptr(act), np.int32(z), np.int32(slots), np.int32(inter)))
         reduce = f"samoyeds::sum_slots<{ctype}, {'float' if z2 > 1 else ctype}>"
-        module.get_function(reduce)(
+        _function(x.dtype, samoyeds, seg, x.device, reduce)(
             _elementwise_grid(tokens * hidden, sms), (256,),
             (_ptr(y), _ptr(ids), np.int32(num_experts), _ptr(out), np.int32(z2), np.int32(tokens),
              np.int32(top_k), np.int32(hidden)))

@@ -70,6 +70,14 @@ def _presets_for(arch: str, presets: dict[str, str]) -> str:
     return ", ".join(sorted(names)) or "none"
 
 
+def preset_family(preset: str) -> str:
+    """The model family (model_type) of a preset name, or a clear error listing the presets."""
+    presets = available_presets()
+    if preset not in presets:
+        raise SamoyedsError(f"unknown preset {preset!r}; choose one of {', '.join(presets)}")
+    return presets[preset]
+
+
 def load_preset(arch: str, preset: str) -> dict:
     """The config.json dict of `preset` ("tiny" or a preset name) for model family `arch`, checked to match."""
     presets = available_presets()

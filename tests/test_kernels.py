@@ -9,10 +9,9 @@ import os
 import pytest
 import torch
 
-from samoyeds_vllm.architectures import moe_shape
-from samoyeds_vllm.bench import make_problem, ours, reference_moe, relative_error
+from samoyeds_vllm.bench import make_problem, ours, preset_shape, reference_moe, relative_error
 from samoyeds_vllm.formats import Pattern
-from samoyeds_vllm.model_maker import available_presets, load_preset
+from samoyeds_vllm.model_maker import available_presets
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 SHAPES = [name for name in available_presets() if not name.startswith("tiny-")]
@@ -23,10 +22,6 @@ BF16_TOLERANCE = 1e-2  # bf16 operands and a bf16 intermediate, fp32 accumulatio
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     monkeypatch.setenv("SAMOYEDS_POISON", "1")
-
-
-def shape_of(name):
-    return moe_shape(load_preset(available_presets()[name], name))
 
 
 def check(shape, pattern, tokens, routing="balanced", dtype=torch.bfloat16, seed=0):
@@ -42,28 +37,28 @@ def check(shape, pattern, tokens, routing="balanced", dtype=torch.bfloat16, seed
 @pytest.mark.parametrize("tokens", [1, 7, 64, 300, 4096])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_shape(shape, tokens, pattern):
-    check(shape_of(shape), PATTERNS[pattern], tokens, seed=tokens)
+    check(preset_shape(shape), PATTERNS[pattern], tokens, seed=tokens)
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("routing", ["skewed", "sparse", "one-hot"])
 @pytest.mark.parametrize("tokens", [3, 200, 2048])
 def test_routings(routing, tokens, pattern):
-    check(shape_of("qwen3-30b-a3b"), PATTERNS[pattern], tokens, routing=routing, seed=1)
+    check(preset_shape("qwen3-30b-a3b"), PATTERNS[pattern], tokens, routing=routing, seed=1)
 
 
 @pytest.mark.parametrize("shape", ["mixtral-8x7b", "qwen3-30b-a3b"])
 def test_largest_token_count(shape):
-    check(shape_of(shape), PATTERNS["samoyeds"], 16384, seed=5)
+    check(preset_shape(shape), PATTERNS["samoyeds"], 16384, seed=5)
 
 
 @pytest.mark.parametrize("segment", [32, 64])
 def test_other_segments_and_fp16(segment):
-    check(shape_of("olmoe-1b-7b"), Pattern.parse("samoyeds", segment), 100, dtype=torch.float16, seed=2)
+    check(preset_shape("olmoe-1b-7b"), Pattern.parse("samoyeds", segment), 100, dtype=torch.float16, seed=2)
 
 
 def test_fresh_inputs_every_run():
     """The same kernels on new random inputs give new, still correct, outputs (no stale state)."""
-    shape, pattern = shape_of("qwen1.5-moe-a2.7b"), PATTERNS["samoyeds"]
+    shape, pattern = preset_shape("qwen1.5-moe-a2.7b"), PATTERNS["samoyeds"]
     for seed in range(3):
         check(shape, pattern, 33, seed=seed)
