@@ -91,8 +91,8 @@ class _MetricsPoller:
     def __init__(self, url: str):
         self.url, self.peak_running, self._stop = f"{url}/metrics", 0.0, threading.Event()
 
-    def read(self) -> tuple[float, float]:
-        text = urllib.request.urlopen(self.url, timeout=10).read().decode()
+    def read(self, timeout: float = 120) -> tuple[float, float]:
+        text = urllib.request.urlopen(self.url, timeout=timeout).read().decode()
         def total(metric):
             return sum(float(m[1]) for m in re.finditer(rf"^{metric}(?:{{[^}}]*}})? ([\d.e+-]+)$", text, re.M))
         return total("vllm:num_requests_running"), total("vllm:num_preemptions_total")
@@ -105,7 +105,10 @@ class _MetricsPoller:
 
     def _poll(self):
         while not self._stop.is_set():
-            self.peak_running = max(self.peak_running, self.read()[0])
+            try:
+                self.peak_running = max(self.peak_running, self.read(timeout=10)[0])
+            except OSError:  # a busy server (a long prefill) may not answer in time: poll again
+                pass
             time.sleep(0.01)
 
     def __exit__(self, *exc):
@@ -114,61 +117,115 @@ class _MetricsPoller:
         self.preemptions = self.read()[1] - self.start_preemptions
 
 
-def measure_max_seqs(server: VllmServer, model: Path, seq_len: int, estimate: float, out: Path, tag: str) -> dict:
-    """The most `seq_len`-token sequences (a quarter of each generated, so they stay resident long enough to be
-    seen) running at once without preemption. Offered more than fit, vLLM queues the rest, so the peak of
-    `num_requests_running` at a load above capacity is the capacity; probes go from half to 1.25x the engine's
-    estimate (which ignores block granularity and scheduler limits). `saturated` says a probe hit the limit."""
-    output_len = max(16, seq_len // 4)
-    probes = sorted({max(1, int(estimate * f)) for f in PROBE_FACTORS})
-    results = []
-    for c in probes:
+def measure_max_seqs(server: VllmServer, model: Path, seq_len: int, estimate: float, out: Path, tag: str,
+                     factors, measured: dict, save) -> None:
+    """The most `seq_len`-token sequences (an eighth of each generated, so they stay resident long enough to be
+    seen) running at once without preemption, into `measured`. Offered more than fit, vLLM queues the rest, so
+    the peak of `num_requests_running` at a load above capacity is the capacity; probes go from half to 1.25x
+    the engine's estimate (which ignores block granularity and scheduler limits). Each probe is saved as it
+    finishes (a run cut short resumes). `saturated` says a probe hit the limit."""
+    output_len = max(16, seq_len // 8)
+    measured["seq_len"] = seq_len
+    probes = measured.setdefault("probes", [])
+    for c in sorted({max(1, int(estimate * f)) for f in factors}):
+        if any(p["concurrency"] == c for p in probes):
+            continue
         with _MetricsPoller(server.url) as poll:
             _bench_serve(server, model, (seq_len - output_len, output_len), c, c, out, f"{tag}-maxseqs-{c}")
-        results.append({"concurrency": c, "peak_running": poll.peak_running, "preemptions": poll.preemptions})
-    clean = [r for r in results if r["preemptions"] == 0]
-    held = max((int(r["peak_running"]) for r in clean), default=0)
-    return {"seq_len": seq_len, "max_seqs_without_preemption": held,
-            "saturated": any(r["peak_running"] < r["concurrency"] for r in clean), "probes": results}
+        probes.append({"concurrency": c, "peak_running": poll.peak_running, "preemptions": poll.preemptions})
+        save()
+    clean = [p for p in probes if p["preemptions"] == 0]
+    measured["max_seqs_without_preemption"] = max((int(p["peak_running"]) for p in clean), default=0)
+    measured["saturated"] = any(p["peak_running"] < p["concurrency"] for p in clean)
+    save()
 
 
-def run_variant(model: Path, mixes, num_prompts, concurrencies, seq_len, engine_args, out: Path, progress) -> dict:
-    result = {"throughput": []}
+def run_variant(model: Path, mixes, num_prompts, concurrencies, prompts_per_client, seq_len, probe_factors,
+                engine_args, out: Path, progress, result: dict, save) -> None:
+    """Measures one variant into `result`, skipping what it already holds (a run cut short resumes) and calling
+    `save` after each step."""
+    throughput = result.setdefault("throughput", [])
     for mix in mixes:
-        result["throughput"].append(run_throughput(model, mix, num_prompts, engine_args, out))
+        if not any((r["input_len"], r["output_len"]) == mix for r in throughput):
+            throughput.append(run_throughput(model, mix, num_prompts, engine_args, out))
+            save()
         progress.update()
+    serving = result.setdefault("serving", {"input_len": mixes[0][0], "output_len": mixes[0][1], "levels": []})
+    memory = result.setdefault("memory", {})
+    measured = memory.setdefault("measured", {})
+    todo = [c for c in concurrencies if c not in {lv["concurrency"] for lv in serving["levels"]}]
+    if not todo and "max_seqs_without_preemption" in measured:
+        progress.update(len(concurrencies) + 1)
+        return
     log = out / f"server-{model.name}.log"
     with VllmServer(model, ["--load-format", "dummy", *engine_args], log_path=log) as server:
-        result["memory"] = parse_engine_log(log.read_text(errors="replace"))
-        serve_mix = mixes[0]
-        result["serving"] = {"input_len": serve_mix[0], "output_len": serve_mix[1], "levels": []}
-        for c in concurrencies:
-            result["serving"]["levels"].append(
-                _bench_serve(server, model, serve_mix, c, max(num_prompts, 2 * c), out, f"{model.name}-c{c}"))
+        memory.update(parse_engine_log(log.read_text(errors="replace")))
+        progress.update(len(concurrencies) - len(todo))
+        for c in todo:
+            serving["levels"].append(_bench_serve(server, model, (serving["input_len"], serving["output_len"]), c,
+                                                  prompts_per_client * c, out, f"{model.name}-c{c}"))
+            serving["levels"].sort(key=lambda lv: lv["concurrency"])
+            save()
             progress.update()
-        estimate = result["memory"].get("kv_cache_tokens", 0) / seq_len
-        result["memory"]["measured"] = measure_max_seqs(server, model, seq_len, estimate, out, model.name)
+        if "max_seqs_without_preemption" not in measured:
+            estimate = memory.get("kv_cache_tokens", 0) / seq_len
+            measure_max_seqs(server, model, seq_len, estimate, out, model.name, probe_factors, measured, save)
         progress.update()
-    return result
 
 
 def bench_e2e(preset: str, pattern: Pattern, out: Path, mixes=((128, 128), (1024, 256), (4096, 64)),
-              num_prompts: int = 200, concurrencies=(1, 4, 16, 64, 256), seq_len: int = 4096,
-              engine_args: list[str] = ()) -> dict:
+              num_prompts: int = 200, concurrencies=(1, 4, 16, 64, 256), prompts_per_client: int = 4,
+              seq_len: int = 4096, probe_factors=PROBE_FACTORS, engine_args: list[str] = (),
+              variants=VARIANTS) -> dict | None:
+    """Runs `variants` (both by default) and, once OUT holds both, writes the comparison. Each variant's results
+    go to OUT/variant-NAME.json after every step; a later call with the same settings and OUT resumes there
+    (so one variant per call fits a time-limited machine). A variant that cannot start (a dense model too
+    large for the GPU) is recorded as such, with the reason."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     family = preset_family(preset)
-    models = {"dense": make_model(family, preset, out / "models" / "dense", config_only=True, force=True),
-              "samoyeds": make_model(family, preset, out / "models" / "samoyeds", config_only=True, force=True,
-                                     sparse=pattern)}
-    steps = len(VARIANTS) * (len(mixes) + len(concurrencies) + 1)
-    results = {"preset": preset, "pattern": str(pattern), "date": time.strftime("%Y-%m-%d"),
-               "engine_args": list(engine_args), "variants": {}}
+    settings = {"preset": preset, "pattern": str(pattern), "engine_args": list(engine_args)}
+    mixes = [tuple(m) for m in mixes]
+    steps = len(variants) * (len(mixes) + len(concurrencies) + 1)
     with tqdm(total=steps, desc="bench e2e") as progress:
-        for variant in VARIANTS:
+        for variant in variants:
             progress.set_postfix_str(variant)
-            results["variants"][variant] = run_variant(models[variant], list(mixes), num_prompts, concurrencies,
-                                                       seq_len, list(engine_args), out, progress)
+            path = out / f"variant-{variant}.json"
+            saved = json.loads(path.read_text()) if path.exists() else {}
+            result = saved if saved.get("settings") == settings and "failed" not in saved else {"settings": settings}
+            model = make_model(family, preset, out / "models" / variant, config_only=True, force=True,
+                               sparse=pattern if variant == "samoyeds" else None)
+
+            def save():
+                result["date"] = time.strftime("%Y-%m-%d")
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(result, indent=2) + "\n")
+                tmp.replace(path)
+
+            try:
+                run_variant(model, mixes, num_prompts, concurrencies, prompts_per_client, seq_len, probe_factors,
+                            list(engine_args), out, progress, result, save)
+            except SamoyedsError as e:
+                if result.get("throughput") or variant != "dense":
+                    raise
+                result["failed"] = str(e)[-2000:]  # the dense model did not start: record why
+                save()
+    return report(out)
+
+
+def report(out: Path) -> dict | None:
+    """results.json, results.md and plots from OUT's variant files, when both variants are there."""
+    paths = {v: out / f"variant-{v}.json" for v in VARIANTS}
+    missing = [v for v, p in paths.items() if not p.exists()]
+    if missing:
+        print(f"{', '.join(missing)} not measured yet in {out}: run `bench e2e --variants "
+              f"{','.join(missing)}` with the same --out for the comparison")
+        return None
+    variants = {v: json.loads(p.read_text()) for v, p in paths.items()}
+    settings = [v["settings"] for v in variants.values()]
+    if settings[0] != settings[1]:
+        raise SamoyedsError(f"the variants in {out} were measured with different settings: {settings}")
+    results = {**settings[0], "date": variants["samoyeds"]["date"], "variants": variants}
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))
     plot(results, out)
@@ -176,28 +233,52 @@ def bench_e2e(preset: str, pattern: Pattern, out: Path, mixes=((128, 128), (1024
     return results
 
 
+def _failure_reason(text: str) -> str:
+    """The line of a failed start that says why (an out-of-memory error, typically)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if "memory" in line.lower() or "Error" in line:
+            return line[-300:]
+    return lines[-1][-300:] if lines else "unknown"
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def markdown(results: dict) -> str:
     v = results["variants"]
-    lines = [f"# {results['preset']}: dense vLLM vs samoyeds {results['pattern']} ({results['date']})", "",
-             "| throughput (in/out) | dense req/s | samoyeds req/s | dense out tok/s | samoyeds out tok/s | speedup |",
-             "|---|---|---|---|---|---|"]
-    for d, s in zip(v["dense"]["throughput"], v["samoyeds"]["throughput"]):
-        speedup = s["output_tokens_per_s"] / d["output_tokens_per_s"] if d["output_tokens_per_s"] else float("nan")
-        lines.append(f"| {d['input_len']}/{d['output_len']} | {d['requests_per_s']:.2f} | {s['requests_per_s']:.2f} "
-                     f"| {d['output_tokens_per_s']:.1f} | {s['output_tokens_per_s']:.1f} | {speedup:.2f}x |")
+    s_ok = "failed" not in v["samoyeds"]
+    lines = [f"# {results['preset']}: dense vLLM vs samoyeds {results['pattern']} ({results['date']})", ""]
+    for name in VARIANTS:
+        if "failed" in v[name]:
+            lines += [f"**{name} did not run**: {_failure_reason(v[name]['failed'])}", ""]
+    dense_tp = {(r["input_len"], r["output_len"]): r for r in v["dense"].get("throughput", [])}
+    lines += ["| throughput (in/out) | dense req/s | samoyeds req/s | dense out tok/s | samoyeds out tok/s | speedup |",
+              "|---|---|---|---|---|---|"]
+    for s in v["samoyeds"].get("throughput", []) if s_ok else []:
+        d = dense_tp.get((s["input_len"], s["output_len"]), {})
+        speedup = s["output_tokens_per_s"] / d["output_tokens_per_s"] if d.get("output_tokens_per_s") else None
+        lines.append(f"| {s['input_len']}/{s['output_len']} | {_fmt(d.get('requests_per_s'), '.2f')} | "
+                     f"{s['requests_per_s']:.2f} | {_fmt(d.get('output_tokens_per_s'), '.1f')} | "
+                     f"{s['output_tokens_per_s']:.1f} | {_fmt(speedup, '.2f')}x |")
     lines += ["", "| concurrency | dense out tok/s | samoyeds out tok/s | dense TTFT ms | samoyeds TTFT ms "
               "| dense TPOT ms | samoyeds TPOT ms |", "|---|---|---|---|---|---|---|"]
-    for d, s in zip(v["dense"]["serving"]["levels"], v["samoyeds"]["serving"]["levels"]):
-        lines.append(f"| {d['concurrency']} | {d['output_tokens_per_s']:.1f} | {s['output_tokens_per_s']:.1f} | "
-                     f"{d['mean_ttft_ms']:.1f} | {s['mean_ttft_ms']:.1f} | {d['mean_tpot_ms']:.2f} | "
-                     f"{s['mean_tpot_ms']:.2f} |")
+    dense_lv = {lv["concurrency"]: lv for lv in v["dense"].get("serving", {}).get("levels", [])}
+    for s in v["samoyeds"].get("serving", {}).get("levels", []) if s_ok else []:
+        d = dense_lv.get(s["concurrency"], {})
+        lines.append(f"| {s['concurrency']} | {_fmt(d.get('output_tokens_per_s'), '.1f')} | "
+                     f"{s['output_tokens_per_s']:.1f} | {_fmt(d.get('mean_ttft_ms'), '.1f')} | "
+                     f"{s['mean_ttft_ms']:.1f} | {_fmt(d.get('mean_tpot_ms'), '.2f')} | {s['mean_tpot_ms']:.2f} |")
     lines += ["", "| memory | dense | samoyeds |", "|---|---|---|"]
+    mem = {x: v[x].get("memory", {}) for x in VARIANTS}
     for key in ("weights_gib", "kv_cache_gib", "kv_cache_tokens"):
-        lines.append(f"| {key} | {v['dense']['memory'].get(key, '-')} | {v['samoyeds']['memory'].get(key, '-')} |")
-    seq_len = v["dense"]["memory"]["measured"]["seq_len"]
+        lines.append(f"| {key} | {mem['dense'].get(key, '-')} | {mem['samoyeds'].get(key, '-')} |")
+    measured = {x: mem[x].get("measured", {}) for x in VARIANTS}
+    seq_len = measured["samoyeds"].get("seq_len") or measured["dense"].get("seq_len")
     lines.append(f"| concurrent {seq_len}-token sequences without preemption (measured) | "
-                 f"{v['dense']['memory']['measured']['max_seqs_without_preemption']} | "
-                 f"{v['samoyeds']['memory']['measured']['max_seqs_without_preemption']} |")
+                 f"{measured['dense'].get('max_seqs_without_preemption', '-')} | "
+                 f"{measured['samoyeds'].get('max_seqs_without_preemption', '-')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -216,8 +297,9 @@ def plot(results: dict, out: Path) -> None:
                               ("latency-vs-load", "mean_tpot_ms", "mean TPOT (ms)")):
         fig, ax = plt.subplots(figsize=(6, 4))
         for variant in VARIANTS:
-            levels = v[variant]["serving"]["levels"]
-            ax.plot([lv["concurrency"] for lv in levels], [lv[key] for lv in levels], marker="o", label=variant)
+            levels = v[variant].get("serving", {}).get("levels", [])
+            if levels:
+                ax.plot([lv["concurrency"] for lv in levels], [lv[key] for lv in levels], marker="o", label=variant)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(ylabel)
@@ -227,12 +309,12 @@ def plot(results: dict, out: Path) -> None:
         fig.savefig(out / f"{name}.png", dpi=120)
         plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
-    weights = [v[x]["memory"].get("weights_gib", 0) for x in VARIANTS]
-    kv = [v[x]["memory"].get("kv_cache_gib", 0) for x in VARIANTS]
+    weights = [v[x].get("memory", {}).get("weights_gib", 0) for x in VARIANTS]
+    kv = [v[x].get("memory", {}).get("kv_cache_gib", 0) for x in VARIANTS]
     ax.bar(VARIANTS, weights, label="weights")
     ax.bar(VARIANTS, kv, bottom=weights, label="KV cache")
     ax.set_ylabel("GiB")
-    ax.set_title("memory per GPU")
+    ax.set_title("memory per GPU" + "".join(f" ({x} did not fit)" for x in VARIANTS if "failed" in v[x]))
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "memory.png", dpi=120)

@@ -61,7 +61,7 @@ def _bench_moe(args: argparse.Namespace) -> None:
 def _bench_e2e(args: argparse.Namespace) -> None:
     import shlex
 
-    from .bench_e2e import bench_e2e
+    from .bench_e2e import VARIANTS, bench_e2e
     from .formats import Pattern
 
     def pairs(text):
@@ -70,9 +70,14 @@ def _bench_e2e(args: argparse.Namespace) -> None:
         except ValueError:
             raise SamoyedsError(f"--mixes wants INPUT:OUTPUT pairs separated by commas, not {text!r}") from None
 
+    variants = [v for v in args.variants.split(",") if v]
+    if unknown := set(variants) - set(VARIANTS):
+        raise SamoyedsError(f"--variants takes {', '.join(VARIANTS)}, not {', '.join(sorted(unknown))}")
     bench_e2e(args.model, Pattern.parse(args.pattern, args.segment), Path(args.out), mixes=pairs(args.mixes),
               num_prompts=args.num_prompts, concurrencies=[int(c) for c in args.concurrency.split(",")],
-              seq_len=args.seq_len, engine_args=shlex.split(args.engine_args))
+              prompts_per_client=args.prompts_per_client, seq_len=args.seq_len,
+              probe_factors=[float(f) for f in args.probe_factors.split(",")],
+              engine_args=shlex.split(args.engine_args), variants=variants)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,7 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mixes", default="128:128,1024:256,4096:64", help="offline INPUT:OUTPUT token mixes")
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--concurrency", default="1,4,16,64,256", help="serving client concurrencies")
+    p.add_argument("--prompts-per-client", type=int, default=4, help="serving requests per concurrent client")
+    p.add_argument("--variants", default="dense,samoyeds",
+                   help="which to run now; results accumulate in OUT (a run cut short resumes), and the "
+                        "comparison is written once both are there")
     p.add_argument("--seq-len", type=int, default=4096, help="sequence length for the max-concurrency probe")
+    p.add_argument("--probe-factors", default="0.5,0.75,0.9,1.0,1.1,1.25",
+                   help="max-concurrency probes, as multiples of vLLM's own estimate")
     p.add_argument("--engine-args", default="", help="extra engine flags for both variants, quoted")
     p.set_defaults(func=_bench_e2e)
     return parser
