@@ -61,7 +61,7 @@ def _bench_moe(args: argparse.Namespace) -> None:
 def _bench_e2e(args: argparse.Namespace) -> None:
     import shlex
 
-    from .bench_e2e import VARIANTS, bench_e2e
+    from .bench_e2e import PROBE_FACTORS, VARIANTS, bench_e2e
     from .formats import Pattern
 
     def pairs(text):
@@ -76,7 +76,7 @@ def _bench_e2e(args: argparse.Namespace) -> None:
     bench_e2e(args.model, Pattern.parse(args.pattern, args.segment), Path(args.out), mixes=pairs(args.mixes),
               num_prompts=args.num_prompts, concurrencies=[int(c) for c in args.concurrency.split(",")],
               prompts_per_client=args.prompts_per_client, seq_len=args.seq_len,
-              probe_factors=[float(f) for f in args.probe_factors.split(",")],
+              probe_factors=[float(f) for f in args.probe_factors.split(",")] if args.probe_factors else PROBE_FACTORS,
               engine_args=shlex.split(args.engine_args), variants=variants)
 
 
@@ -136,8 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which to run now; results accumulate in OUT (a run cut short resumes), and the "
                         "comparison is written once both are there")
     p.add_argument("--seq-len", type=int, default=4096, help="sequence length for the max-concurrency probe")
-    p.add_argument("--probe-factors", default="0.5,0.75,0.9,1.0,1.1,1.25",
-                   help="max-concurrency probes, as multiples of vLLM's own estimate")
+    p.add_argument("--probe-factors", help="max-concurrency probes as multiples of vLLM's own estimate, "
+                                           "comma-separated (default: from 0.5 to 1.25)")
     p.add_argument("--engine-args", default="", help="extra engine flags for both variants, quoted")
     p.set_defaults(func=_bench_e2e)
     return parser
