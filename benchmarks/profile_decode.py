@@ -22,8 +22,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from samoyeds_vllm.bench_e2e import VARIANTS, variant_model
 from samoyeds_vllm.formats import Pattern
-from samoyeds_vllm.model_maker import make_model, preset_family
 
 CATEGORIES = (  # first match wins
     ("moe", re.compile(r"samoyeds|moe|topk|expert", re.I)),
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--pattern", default="samoyeds", choices=["2:4", "samoyeds"])
     parser.add_argument("--batch", default="1,16", help="concurrent sequences, comma-separated")
     parser.add_argument("--steps", type=int, default=64, help="tokens generated per sequence")
-    parser.add_argument("--variants", default="dense,samoyeds")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--out", required=True)
@@ -103,11 +103,10 @@ def main() -> None:
         print(json.dumps(result))
         sys.stdout.flush()
         os._exit(0)  # vLLM's engine processes can keep the interpreter alive
-    family, pattern = preset_family(args.preset), Pattern.parse(args.pattern)
+    pattern = Pattern.parse(args.pattern)
     results: dict = {}
     for variant in args.variants.split(","):
-        model = make_model(family, args.preset, out / "models" / variant, config_only=True, force=True,
-                           sparse=pattern if variant == "samoyeds" else None)
+        model = variant_model(args.preset, pattern, variant, out)
         results[variant] = {}
         for batch in map(int, args.batch.split(",")):
             command = [sys.executable, __file__, "--worker", str(model), str(batch), "--out", str(out),

@@ -173,6 +173,13 @@ def run_variant(model: Path, mixes, num_prompts, concurrencies, prompts_per_clie
         progress.update()
 
 
+def variant_model(preset: str, pattern: Pattern, variant: str, out: Path) -> Path:
+    """The config-only model of `variant` under OUT/models (dummy weights): the dense model as vLLM serves it, or
+    the same one marked as a packed `pattern` checkpoint."""
+    return make_model(preset_family(preset), preset, out / "models" / variant, config_only=True, force=True,
+                      sparse=pattern if variant == "samoyeds" else None)
+
+
 def bench_e2e(preset: str, pattern: Pattern, out: Path, mixes=((128, 128), (1024, 256), (4096, 64)),
               num_prompts: int = 200, concurrencies=(1, 4, 16, 64, 256), prompts_per_client: int = 4,
               seq_len: int = 4096, probe_factors=PROBE_FACTORS, engine_args: list[str] = (),
@@ -183,7 +190,6 @@ def bench_e2e(preset: str, pattern: Pattern, out: Path, mixes=((128, 128), (1024
     large for the GPU) is recorded as such, with the reason."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    family = preset_family(preset)
     settings = {"preset": preset, "pattern": str(pattern), "engine_args": list(engine_args)}
     mixes = [tuple(m) for m in mixes]
     steps = len(variants) * (len(mixes) + len(concurrencies) + 1)
@@ -193,8 +199,7 @@ def bench_e2e(preset: str, pattern: Pattern, out: Path, mixes=((128, 128), (1024
             path = out / f"variant-{variant}.json"
             saved = json.loads(path.read_text()) if path.exists() else {}
             result = saved if saved.get("settings") == settings and "failed" not in saved else {"settings": settings}
-            model = make_model(family, preset, out / "models" / variant, config_only=True, force=True,
-                               sparse=pattern if variant == "samoyeds" else None)
+            model = variant_model(preset, pattern, variant, out)
 
             def save():
                 result["date"] = time.strftime("%Y-%m-%d")
