@@ -10,8 +10,9 @@
 //   values [E, R, K/2]  the kept values; R = out rows (2:4) or out rows / 2 (samoyeds: one condensed row per pair)
 //   meta   [E, R, K/16] int16: per 16 inputs, 4 nibbles p0 | p1 << 2 (the ordered sparse-MMA metadata of a row)
 //   rowsel [E, R, K/V]  uint8 (samoyeds): which row of pair r receives condensed row r in segment s
-// For samoyeds the kernel is "data-stationary" along k: each segment of V inputs is multiplied into a temporary
-// accumulator, which is then added to the accumulator of the even or the odd output row of each pair.
+// For samoyeds each thread keeps one accumulator per row of a pair and always multiplies into the even one: for
+// a segment of V inputs whose kept row is the odd one, the two are swapped before the segment and back after it
+// (two accumulator sets, not three, so token tiles can be as wide for samoyeds as for 2:4).
 //
 // Work decomposition:
 //   blockIdx.x: 64 condensed weight rows (4 warps x 16 rows); for GATE_UP the same 64 rows of gate and of up,
@@ -95,6 +96,12 @@ __device__ __forceinline__ void store_pair(__half* p, float a, float b) {
 }
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+
+__device__ __forceinline__ void swap_if(bool swap, float& a, float& b) {
+  const float first = swap ? b : a;
+  b = swap ? a : b;
+  a = first;
+}
 
 // ------------------------------------------------------------------------------------ shared-memory tiles
 // A tile: rows x 64 compressed values (128 B = 8 chunks of 16 B); chunk c of row r lives at c ^ (r & 7), so the
@@ -293,10 +300,9 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
     }
   };
 
-  // Accumulators: [half][n8 tile][4]. For samoyeds, one per row of the pair plus the running segment.
+  // Accumulators: [half][n8 tile][4]. For samoyeds, one per row of the pair (see swap_rows below).
   float acc_even[HALVES][NT][4] = {};
   float acc_odd[HALVES][NT][4] = {};   // unused (optimised away) for 2:4
-  float seg[HALVES][NT][4] = {};
 
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < k_tiles) load_stage(s, s);
@@ -304,6 +310,18 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
   }
 
   const int wrow0 = warp * 16;  // this warp's first row inside the block tile
+  const int n_seg = K / V;
+  // Samoyeds: whether the odd row of each pair is the kept one (rows g and g + 8 of each half) in the current
+  // segment; the pair's accumulators are swapped for the segment's duration, so the mma always targets acc_even.
+  bool odd[HALVES][2];
+  auto swap_rows = [&]() {
+#pragma unroll
+    for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) swap_if(odd[h][i >> 1], acc_even[h][j][i], acc_odd[h][j][i]);
+  };
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();
@@ -313,6 +331,16 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
 
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
+      if (SAMOYEDS && ks % SEG_STEPS == 0) {  // a segment starts
+        const int segment = ((kt_begin + kt) * BK + ks * 32) / V;
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h) {
+          const size_t p = expert_rows + (h ? half_rows : 0) + row0 + wrow0 + g;
+          odd[h][0] = rowsel[p * n_seg + segment] != 0;
+          odd[h][1] = rowsel[(p + 8) * n_seg + segment] != 0;
+        }
+        swap_rows();
+      }
       unsigned a[HALVES][4], e[HALVES];
 #pragma unroll
       for (int h = 0; h < HALVES; ++h) {
@@ -330,29 +358,9 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
         const int c = ks * 4 + (lane >> 3);
         ldmatrix_x4(b, &s.b.chunk[n * 16 + (c ^ (n & 7))]);
 #pragma unroll
-        for (int h = 0; h < HALVES; ++h) mma_sp<T>(SAMOYEDS ? seg[h][j] : acc_even[h][j], a[h], b, e[h]);
+        for (int h = 0; h < HALVES; ++h) mma_sp<T>(acc_even[h][j], a[h], b, e[h]);
       }
-      if (SAMOYEDS && (ks + 1) % SEG_STEPS == 0) {
-        // Segment done: each condensed row's partial sums go to the row of its pair that the index selects.
-        const int segment = ((kt_begin + kt) * BK + ks * 32) / V;
-#pragma unroll
-        for (int h = 0; h < HALVES; ++h) {
-          const size_t p = expert_rows + (h ? half_rows : 0) + row0 + wrow0 + g;
-          const int n_seg = K / V;
-          const bool odd_lo = rowsel[p * n_seg + segment] != 0;
-          const bool odd_hi = rowsel[(p + 8) * n_seg + segment] != 0;
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const bool odd = i < 2 ? odd_lo : odd_hi;
-              acc_even[h][j][i] += odd ? 0.0f : seg[h][j][i];
-              acc_odd[h][j][i] += odd ? seg[h][j][i] : 0.0f;
-              seg[h][j][i] = 0.0f;
-            }
-          }
-        }
-      }
+      if (SAMOYEDS && (ks + 1) % SEG_STEPS == 0) swap_rows();  // the segment ends: swap back
     }
   }
   cp_async_wait<0>();

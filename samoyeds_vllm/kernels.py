@@ -45,13 +45,13 @@ def _check_gpu(device: torch.device) -> None:
                             f"{torch.cuda.get_device_name(device)} is {major}.{minor}")
 
 
-def _token_tile(slots: int, num_experts: int, samoyeds: bool, gate_up: bool) -> int:
+def _token_tile(slots: int, num_experts: int) -> int:
     """Tokens per tile, from the average slots per expert (a shape, so no host sync): small tiles for decode."""
     per_expert = slots / max(num_experts, 1)
     for bn in (8, 16, 32):
         if per_expert <= bn:
             return bn
-    return 32 if (samoyeds and gate_up) else 64  # samoyeds gate/up holds six accumulator sets
+    return 64
 
 
 @functools.cache
@@ -64,7 +64,7 @@ def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
                             "(or cupy-cuda12x to match your CUDA)") from None
     source = (resources.files("samoyeds_vllm.csrc") / "samoyeds_moe.cu").read_text()
     names = [f"samoyeds::moe_gemm<{ctype}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gu).lower()}>"
-             for bn in (8, 16, 32, 64) for gu in (True, False) if not (samoyeds and gu and bn == 64)]
+             for bn in (8, 16, 32, 64) for gu in (True, False)]
     names += [ROUTING_KERNEL, f"samoyeds::silu_mul_splits<{ctype}>", f"samoyeds::sum_slots<{ctype}, {ctype}>",
               f"samoyeds::sum_slots<{ctype}, float>"]
     try:
@@ -157,7 +157,7 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     x = x.contiguous()
     ids = topk_ids.reshape(-1).to(torch.int64).contiguous()
     weights = topk_weights.reshape(-1).float().contiguous()
-    bn1, bn2 = (_token_tile(slots, num_experts, samoyeds, gate_up) for gate_up in (True, False))
+    bn1 = bn2 = _token_tile(slots, num_experts)
     n1, n2 = _num_tiles(slots, num_experts, bn1), _num_tiles(slots, num_experts, bn2)
     z1 = _splits(r13 // 2 // BM, slots, num_experts, bn1, hidden // BK, sms)
     z2 = _splits(r2 // BM, slots, num_experts, bn2, inter // BK, sms)
