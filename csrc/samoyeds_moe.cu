@@ -15,8 +15,8 @@
 // (two accumulator sets, not three, so token tiles can be as wide for samoyeds as for 2:4).
 //
 // Work decomposition:
-//   blockIdx.x: 64 condensed weight rows (4 warps x 16 rows); for GATE_UP the same 64 rows of gate and of up,
-//               so SiLU(gate) * up is computed in registers.
+//   blockIdx.x: BM = 64 or 128 condensed weight rows (WARPS x 16 rows); for GATE_UP the same BM rows of gate
+//               and of up, so SiLU(gate) * up is computed in registers.
 //   blockIdx.y: one token tile: up to BN (token, expert) slots of one expert, described by tile_expert /
 //               tile_start / tile_rows (built on the GPU by the host code, no host synchronisation). Tiles past
 //               the last one have tile_rows = 0 and exit at once, so the grid can be sized without knowing the
@@ -34,9 +34,6 @@ using int16_t = short;
 using uint16_t = unsigned short;
 using uint8_t = unsigned char;
 
-constexpr int WARPS = 4;
-constexpr int THREADS = WARPS * 32;
-constexpr int BM = WARPS * 16;  // condensed weight rows per block
 constexpr int BK = 128;         // dense inputs per pipeline stage (4 mma.sp k-steps of 32)
 constexpr int STAGES = 3;
 
@@ -112,7 +109,7 @@ template <int ROWS> struct ATile { uint4 chunk[ROWS * 8]; };
 template <int BN> struct BTile { uint4 chunk[BN * 16]; };
 template <int ROWS> struct MetaTile { uint16_t half[ROWS * 8]; };
 
-template <bool GATE_UP, int BN>
+template <bool GATE_UP, int BN, int BM>
 struct Stage {
   static constexpr int A_ROWS = GATE_UP ? 2 * BM : BM;  // gate rows then up rows
   ATile<A_ROWS> a;
@@ -223,8 +220,10 @@ __global__ void __launch_bounds__(1024) build_routing_index(
 
 // --------------------------------------------------------------------------------------------- the kernel
 
-template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP>
-__global__ void __launch_bounds__(THREADS) moe_gemm(
+// WARPS = 4 or 8 warps of 16 condensed rows each: BM = 64 or 128 rows per block (8 for wide batches, so each
+// token tile loaded into shared memory serves twice the rows).
+template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) moe_gemm(
     const T* __restrict__ x,               // GATE_UP: [tokens, K] activations; else [slots, K] act in sorted order
     const T* __restrict__ values,          // [E, R, K/2]
     const int16_t* __restrict__ meta,      // [E, R, K/16]
@@ -242,7 +241,9 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(
     int top_k,
     int N_out,                             // output features (row stride of out)
     int slots) {                           // slots in the batch (row count of `partial` per split)
-  using StageT = Stage<GATE_UP, BN>;
+  constexpr int THREADS = WARPS * 32;
+  constexpr int BM = WARPS * 16;           // condensed weight rows per block
+  using StageT = Stage<GATE_UP, BN, BM>;
   constexpr int A_ROWS = StageT::A_ROWS;
   constexpr int NT = BN / 8;               // n8 tiles per warp
   constexpr int SEG_STEPS = SAMOYEDS ? V / 32 : 4;  // k-steps per row-selection segment

@@ -27,11 +27,11 @@ import torch
 
 from .errors import SamoyedsError
 
-BM = 64  # condensed weight rows per block (csrc: WARPS * 16)
+BM = 64  # condensed weight rows per block (csrc: WARPS * 16), and 2 * BM for wide token tiles where rows divide
+WIDE_BN = 64  # token tiles this wide use 8-warp blocks when the rows allow
 MAX_SPLITS = 8  # split-K factor cap
 BK = 128  # dense inputs per pipeline stage
 STAGES = 3
-THREADS = 128
 MAX_EXPERTS = 1024  # csrc: shared-memory counters of the routing index
 ROUTING_KERNEL = "samoyeds::build_routing_index"
 _CTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
@@ -63,8 +63,8 @@ def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
         raise SamoyedsError("samoyeds GPU kernels are compiled at first use with CuPy: pip install cupy-cuda13x "
                             "(or cupy-cuda12x to match your CUDA)") from None
     source = (resources.files("samoyeds_vllm.csrc") / "samoyeds_moe.cu").read_text()
-    names = [f"samoyeds::moe_gemm<{ctype}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gu).lower()}>"
-             for bn in (8, 16, 32, 64) for gu in (True, False)]
+    names = [_gemm_name(ctype, samoyeds, segment, bn, gu, warps)
+             for bn in (8, 16, 32, WIDE_BN) for gu in (True, False) for warps in ((4, 8) if bn == WIDE_BN else (4,))]
     names += [ROUTING_KERNEL, f"samoyeds::silu_mul_splits<{ctype}>", f"samoyeds::sum_slots<{ctype}, {ctype}>",
               f"samoyeds::sum_slots<{ctype}, float>"]
     try:
@@ -87,12 +87,24 @@ def _function(dtype: torch.dtype, samoyeds: bool, segment: int, device: torch.de
     return _module(_CTYPES[dtype], samoyeds, segment, _arch(device)).get_function(name)
 
 
+def _gemm_name(ctype: str, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int) -> str:
+    return (f"samoyeds::moe_gemm<{ctype}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gate_up).lower()}, "
+            f"{warps}>")
+
+
+def _warps(bn: int, rows: int) -> int:
+    """Warps (16 condensed rows each) per block: 8 for wide token tiles when the rows divide, so a token tile in
+    shared memory serves 128 rows; 4 otherwise (and for decode, where more, smaller blocks fill the GPU)."""
+    return 8 if bn == WIDE_BN and rows % (2 * BM) == 0 else 4
+
+
 @functools.cache
-def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: bool, device: torch.device):
+def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int,
+            device: torch.device):
     kernel = _function(dtype, samoyeds, segment, device,
-                       f"samoyeds::moe_gemm<{_CTYPES[dtype]}, {str(samoyeds).lower()}, {segment}, {bn}, "
-                       f"{str(gate_up).lower()}>")
-    a_rows = 2 * BM if gate_up else BM
+                       _gemm_name(_CTYPES[dtype], samoyeds, segment, bn, gate_up, warps))
+    bm = 16 * warps
+    a_rows = 2 * bm if gate_up else bm
     smem = STAGES * (a_rows * 128 + a_rows * 16 + bn * 256)
     kernel.max_dynamic_shared_size_bytes = smem
     return kernel, smem
@@ -159,8 +171,10 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     weights = topk_weights.reshape(-1).float().contiguous()
     bn1 = bn2 = _token_tile(slots, num_experts)
     n1, n2 = _num_tiles(slots, num_experts, bn1), _num_tiles(slots, num_experts, bn2)
-    z1 = _splits(r13 // 2 // BM, slots, num_experts, bn1, hidden // BK, sms)
-    z2 = _splits(r2 // BM, slots, num_experts, bn2, inter // BK, sms)
+    warps1, warps2 = _warps(bn1, r13 // 2), _warps(bn2, r2)
+    row_tiles1, row_tiles2 = r13 // 2 // (16 * warps1), r2 // (16 * warps2)
+    z1 = _splits(row_tiles1, slots, num_experts, bn1, hidden // BK, sms)
+    z2 = _splits(row_tiles2, slots, num_experts, bn2, inter // BK, sms)
     index = torch.empty(slots + 3 * (n1 + n2), dtype=torch.int32, device=x.device)
     sorted_slot, t1, t2 = index.split([slots, 3 * n1, 3 * n2])
     t1, t2 = t1.view(3, n1), t2.view(3, n2)
@@ -180,12 +194,13 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
             (1,), (1024,), (_ptr(ids), np.int32(slots), np.int32(num_experts), _ptr(sorted_slot),
                             _ptr(t1[0]), _ptr(t1[1]), _ptr(t1[2]), np.int32(bn1), np.int32(n1),
                             _ptr(t2[0]), _ptr(t2[1]), _ptr(t2[2]), np.int32(bn2), np.int32(n2)))
-        gemms = ((True, bn1, t1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1, r13, hidden, inter,
-                  r13 // 2 // BM),
-                 (False, bn2, t2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter, hidden, r2 // BM))
-        for gate_up, bn, tiles, z, src, values, meta, rowsel, dst, partial, rows, k, n_out, row_tiles in gemms:
-            kernel, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, x.device)
-            kernel((row_tiles, tiles.shape[1], z), (THREADS,),
+        gemms = ((True, bn1, warps1, t1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1, r13, hidden,
+                  inter, row_tiles1),
+                 (False, bn2, warps2, t2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter, hidden,
+                  row_tiles2))
+        for gate_up, bn, warps, tiles, z, src, values, meta, rowsel, dst, partial, rows, k, n_out, row_tiles in gemms:
+            kernel, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, warps, x.device)
+            kernel((row_tiles, tiles.shape[1], z), (32 * warps,),
                    (_ptr(src), _ptr(values), _ptr(meta), _ptr(rowsel), _ptr(dst), _ptr(partial if z > 1 else None),
                     _ptr(tiles[0]), _ptr(tiles[1]), _ptr(tiles[2]), _ptr(sorted_slot), _ptr(weights),
                     np.int32(rows), np.int32(k), np.int32(top_k), np.int32(n_out), np.int32(slots)),
