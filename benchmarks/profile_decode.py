@@ -25,26 +25,34 @@ from pathlib import Path
 from samoyeds_vllm.bench_e2e import VARIANTS, variant_model
 from samoyeds_vllm.formats import Pattern
 
-CATEGORIES = (  # first match wins
-    ("moe", re.compile(r"samoyeds|moe|topk|expert", re.I)),
+CATEGORIES = (  # first match wins; vLLM's dense MoE runs its SiLU-and-mul (act_and_mul) as a separate kernel
+    ("moe", re.compile(r"samoyeds|moe|topk|expert|act_and_mul", re.I)),
     ("attention", re.compile(r"flash|attn|attention|reshape_and_cache|rotary|rope", re.I)),
     ("gemm", re.compile(r"gemm|gemv|cutlass|xmma|nvjet|cublas|matmul", re.I)),
 )
+TOP_KERNELS = 15  # the slowest kernels of a trace are kept by name, to check the categories
 
 
 def category(kernel: str) -> str:
     return next((name for name, pattern in CATEGORIES if pattern.search(kernel)), "other")
 
 
-def kernel_time_by_category(trace_dir: Path) -> dict[str, float]:
-    """µs of GPU kernels per category over every torch-profiler trace in `trace_dir`."""
+def kernel_times(trace_dir: Path) -> dict[str, float]:
+    """µs of GPU time per kernel name over every torch-profiler trace in `trace_dir`."""
     totals: dict[str, float] = defaultdict(float)
     for path in sorted(trace_dir.glob("*.json*")):
         with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
             events = json.load(f).get("traceEvents", [])
         for event in events:
             if event.get("cat") == "kernel":
-                totals[category(event.get("name", ""))] += float(event.get("dur", 0))
+                totals[event.get("name", "")] += float(event.get("dur", 0))
+    return dict(totals)
+
+
+def by_category(times: dict[str, float]) -> dict[str, float]:
+    totals: dict[str, float] = defaultdict(float)
+    for name, us in times.items():
+        totals[category(name)] += us
     return dict(totals)
 
 
@@ -64,9 +72,12 @@ def profile_variant(model: Path, batch: int, steps: int, out: Path, engine_args:
     llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - start
     llm.stop_profile()
-    kernels = kernel_time_by_category(trace_dir)
+    times = kernel_times(trace_dir)
+    top = sorted(times.items(), key=lambda item: -item[1])[:TOP_KERNELS]
     return {batch: {"wall_ms_per_step": 1e3 * wall / steps,
-                    "kernel_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(kernels.items())}}}
+                    "kernel_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(by_category(times).items())},
+                    "top_kernels_us_per_step": [{"name": name[:160], "category": category(name), "us": us / steps}
+                                                for name, us in top]}}
 
 
 def table(results: dict) -> str:

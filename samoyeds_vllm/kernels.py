@@ -32,6 +32,7 @@ WIDE_BN = 64  # token tiles this wide use 8-warp blocks when the rows allow
 MAX_SPLITS = 8  # split-K factor cap
 BK = 128  # dense inputs per pipeline stage
 STAGES = 3
+VEC = 8  # csrc: elements per thread of the split-K and slot-sum epilogues
 MAX_EXPERTS = 1024  # csrc: shared-memory counters of the routing index
 ROUTING_KERNEL = "samoyeds::build_routing_index"
 _CTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
@@ -148,6 +149,12 @@ def _splits(row_tiles: int, slots: int, num_experts: int, bn: int, k_tiles: int,
     return max(1, min(math.ceil(2 * wave / blocks), MAX_SPLITS, k_tiles // 2))
 
 
+def _routing_threads(slots: int, num_experts: int) -> int:
+    """Threads of the one-block routing kernel: one per expert at least (its scans), one per slot up to 1024;
+    a decode step's few slots need few warps, and fewer warps make its barriers cheaper."""
+    return min(MAX_EXPERTS, 32 * -(-max(num_experts, slots, 128) // 32))
+
+
 def _elementwise_grid(n: int, sms: int) -> tuple[int]:
     return (max(1, min(-(-n // 256), 8 * sms)),)
 
@@ -191,9 +198,10 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     stream = _cupy_stream(torch.cuda.current_stream(x.device).cuda_stream, x.device.index)
     with cupy.cuda.Device(x.device.index), stream:
         _function(x.dtype, samoyeds, seg, x.device, ROUTING_KERNEL)(
-            (1,), (1024,), (_ptr(ids), np.int32(slots), np.int32(num_experts), _ptr(sorted_slot),
-                            _ptr(t1[0]), _ptr(t1[1]), _ptr(t1[2]), np.int32(bn1), np.int32(n1),
-                            _ptr(t2[0]), _ptr(t2[1]), _ptr(t2[2]), np.int32(bn2), np.int32(n2)))
+            (1,), (_routing_threads(slots, num_experts),),
+            (_ptr(ids), np.int32(slots), np.int32(num_experts), _ptr(sorted_slot),
+             _ptr(t1[0]), _ptr(t1[1]), _ptr(t1[2]), np.int32(bn1), np.int32(n1),
+             _ptr(t2[0]), _ptr(t2[1]), _ptr(t2[2]), np.int32(bn2), np.int32(n2)))
         gemms = ((True, bn1, warps1, t1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1, r13, hidden,
                   inter, row_tiles1),
                  (False, bn2, warps2, t2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter, hidden,
@@ -207,11 +215,11 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
                    shared_mem=smem)
             if gate_up and z > 1:
                 _function(x.dtype, samoyeds, seg, x.device, f"samoyeds::silu_mul_splits<{ctype}>")(
-                    _elementwise_grid(slots * inter, sms), (256,),
+                    _elementwise_grid(slots * inter // VEC, sms), (256,),
                     (_ptr(partial1), _ptr(act), np.int32(z), np.int32(slots), np.int32(inter)))
         reduce = f"samoyeds::sum_slots<{ctype}, {'float' if z2 > 1 else ctype}>"
         _function(x.dtype, samoyeds, seg, x.device, reduce)(
-            _elementwise_grid(tokens * hidden, sms), (256,),
+            _elementwise_grid(tokens * hidden // VEC, sms), (256,),
             (_ptr(y), _ptr(ids), np.int32(num_experts), _ptr(out), np.int32(z2), np.int32(tokens),
              np.int32(top_k), np.int32(hidden)))
     return out

@@ -16,10 +16,11 @@ profile_decode = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(profile_decode)
 
 
-def test_kernel_time_by_category(tmp_path):
+def test_kernel_times_by_category(tmp_path):
     events = [
         {"cat": "kernel", "name": "_ZN8samoyeds8moe_gemmI13__nv_bfloat16Lb1ELi128ELi8ELb1EEEvPKT_", "dur": 20},
         {"cat": "kernel", "name": "fused_moe_kernel", "dur": 30},
+        {"cat": "kernel", "name": "void vllm::act_and_mul_kernel<c10::BFloat16, ...>", "dur": 3},
         {"cat": "kernel", "name": "void flash::flash_fwd_splitkv_kernel<...>", "dur": 7},
         {"cat": "kernel", "name": "nvjet_tst_128x64_64x4_1x2_h_bz_coopA_TNT", "dur": 5},
         {"cat": "kernel", "name": "triton_poi_fused_add_rms_norm_0", "dur": 2},
@@ -27,8 +28,9 @@ def test_kernel_time_by_category(tmp_path):
     ]
     with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events}, f)
-    assert profile_decode.kernel_time_by_category(tmp_path) == {"moe": 50.0, "attention": 7.0, "gemm": 5.0,
-                                                                 "other": 2.0}
+    times = profile_decode.kernel_times(tmp_path)
+    assert times["fused_moe_kernel"] == 30.0 and "aten::mm" not in times
+    assert profile_decode.by_category(times) == {"moe": 53.0, "attention": 7.0, "gemm": 5.0, "other": 2.0}
 
 
 @pytest.mark.vllm
