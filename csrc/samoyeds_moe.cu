@@ -411,45 +411,20 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
 
 // ------------------------------------------------------------------------------------- split-K epilogues
 
-// Both matter at decode sizes, where they are latency-bound: each thread handles 8 consecutive elements with
-// 16-byte loads and stores (hidden is a multiple of 64 and inter of 128: supports() in kernels.py).
-constexpr int VEC = 8;
-
-template <typename S>
-__device__ __forceinline__ void load_vec(const S* p, float (&v)[VEC]) {
-  alignas(16) S raw[VEC];
-#pragma unroll
-  for (int q = 0; q < VEC * (int)sizeof(S) / 16; ++q) reinterpret_cast<uint4*>(raw)[q] = reinterpret_cast<const uint4*>(p)[q];
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) v[i] = (float)raw[i];
-}
-
-template <typename T>
-__device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
-  alignas(16) T packed[VEC];
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) packed[i] = from_float<T>(v[i]);
-  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(packed);
-}
-
 // act[pos, i] = SiLU(sum_z gate[z, pos, i]) * sum_z up[z, pos, i]
 template <typename T>
 __global__ void silu_mul_splits(const float* __restrict__ partial, T* __restrict__ act, int splits, int slots,
                                 int inter) {
-  const size_t n = (size_t)slots * inter / VEC;
+  const size_t n = (size_t)slots * inter;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
-    const size_t pos = idx * VEC / inter, i = idx * VEC % inter;
-    float gate[VEC] = {}, up[VEC] = {}, g[VEC], u[VEC];
+    const size_t pos = idx / inter, i = idx % inter;
+    float gate = 0.0f, up = 0.0f;
     for (int z = 0; z < splits; ++z) {
       const float* row = partial + ((size_t)z * slots + pos) * 2 * inter;
-      load_vec(row + i, g);
-      load_vec(row + inter + i, u);
-#pragma unroll
-      for (int q = 0; q < VEC; ++q) gate[q] += g[q], up[q] += u[q];
+      gate += row[i];
+      up += row[inter + i];
     }
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) gate[q] = silu(gate[q]) * up[q];
-    store_vec(act + idx * VEC, gate);
+    act[idx] = from_float<T>(silu(gate) * up);
   }
 }
 
@@ -458,20 +433,16 @@ __global__ void silu_mul_splits(const float* __restrict__ partial, T* __restrict
 template <typename T, typename SRC>
 __global__ void sum_slots(const SRC* __restrict__ src, const long long* __restrict__ topk_ids, int E,
                           T* __restrict__ out, int splits, int tokens, int top_k, int hidden) {
-  const size_t n = (size_t)tokens * hidden / VEC, slots = (size_t)tokens * top_k;
+  const size_t n = (size_t)tokens * hidden, slots = (size_t)tokens * top_k;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
-    const size_t token = idx * VEC / hidden, h = idx * VEC % hidden;
-    float total[VEC] = {}, part[VEC];
+    const size_t token = idx / hidden, h = idx % hidden;
+    float total = 0.0f;
     for (int j = 0; j < top_k; ++j) {
       const long long e = topk_ids[token * top_k + j];
       if (e < 0 || e >= E) continue;
-      for (int z = 0; z < splits; ++z) {
-        load_vec(src + ((size_t)z * slots + token * top_k + j) * hidden + h, part);
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) total[q] += part[q];
-      }
+      for (int z = 0; z < splits; ++z) total += (float)src[((size_t)z * slots + token * top_k + j) * hidden + h];
     }
-    store_vec(out + idx * VEC, total);
+    out[idx] = from_float<T>(total);
   }
 }
 

@@ -32,7 +32,6 @@ WIDE_BN = 64  # token tiles this wide use 8-warp blocks when the rows allow
 MAX_SPLITS = 8  # split-K factor cap
 BK = 128  # dense inputs per pipeline stage
 STAGES = 3
-VEC = 8  # csrc: elements per thread of the split-K and slot-sum epilogues
 MAX_EXPERTS = 1024  # csrc: shared-memory counters of the routing index
 ROUTING_KERNEL = "samoyeds::build_routing_index"
 _CTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
@@ -215,11 +214,11 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
                    shared_mem=smem)
             if gate_up and z > 1:
                 _function(x.dtype, samoyeds, seg, x.device, f"samoyeds::silu_mul_splits<{ctype}>")(
-                    _elementwise_grid(slots * inter // VEC, sms), (256,),
+                    _elementwise_grid(slots * inter, sms), (256,),
                     (_ptr(partial1), _ptr(act), np.int32(z), np.int32(slots), np.int32(inter)))
         reduce = f"samoyeds::sum_slots<{ctype}, {'float' if z2 > 1 else ctype}>"
         _function(x.dtype, samoyeds, seg, x.device, reduce)(
-            _elementwise_grid(tokens * hidden // VEC, sms), (256,),
+            _elementwise_grid(tokens * hidden, sms), (256,),
             (_ptr(y), _ptr(ids), np.int32(num_experts), _ptr(out), np.int32(z2), np.int32(tokens),
              np.int32(top_k), np.int32(hidden)))
     return out
