@@ -428,21 +428,54 @@ __global__ void silu_mul_splits(const float* __restrict__ partial, T* __restrict
   }
 }
 
+// VEC consecutive elements as floats, and back: one 16-byte access per 16 bytes for VEC > 1.
+template <int VEC, typename S>
+__device__ __forceinline__ void load_vec(const S* p, float (&v)[VEC]) {
+  if constexpr (VEC == 1) {
+    v[0] = (float)p[0];
+  } else {
+    alignas(16) S raw[VEC];
+#pragma unroll
+    for (int q = 0; q < VEC * (int)sizeof(S) / 16; ++q)
+      reinterpret_cast<uint4*>(raw)[q] = reinterpret_cast<const uint4*>(p)[q];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[i] = (float)raw[i];
+  }
+}
+
+template <int VEC, typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
+  if constexpr (VEC == 1) {
+    p[0] = from_float<T>(v[0]);
+  } else {
+    alignas(16) T packed[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) packed[i] = from_float<T>(v[i]);
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(packed);
+  }
+}
+
 // out[t, h] = sum_j sum_z src[z, t * top_k + j, h] over the slots routed to an expert of this rank, in a fixed
-// order (deterministic). SRC is T (no split) or float (split-K partials).
-template <typename T, typename SRC>
+// order (deterministic). SRC is T (no split) or float (split-K partials). Each thread sums VEC consecutive h:
+// 8 (16-byte accesses) for large batches, where this is a stream of T * top_k * H values; 1 for decode, where
+// it is latency-bound and more threads do better (kernels.py picks; hidden is a multiple of 64).
+template <typename T, typename SRC, int VEC>
 __global__ void sum_slots(const SRC* __restrict__ src, const long long* __restrict__ topk_ids, int E,
                           T* __restrict__ out, int splits, int tokens, int top_k, int hidden) {
-  const size_t n = (size_t)tokens * hidden, slots = (size_t)tokens * top_k;
+  const size_t n = (size_t)tokens * hidden / VEC, slots = (size_t)tokens * top_k;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
-    const size_t token = idx / hidden, h = idx % hidden;
-    float total = 0.0f;
+    const size_t token = idx * VEC / hidden, h = idx * VEC % hidden;
+    float total[VEC] = {}, part[VEC];
     for (int j = 0; j < top_k; ++j) {
       const long long e = topk_ids[token * top_k + j];
       if (e < 0 || e >= E) continue;
-      for (int z = 0; z < splits; ++z) total += (float)src[((size_t)z * slots + token * top_k + j) * hidden + h];
+      for (int z = 0; z < splits; ++z) {
+        load_vec(src + ((size_t)z * slots + token * top_k + j) * hidden + h, part);
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) total[q] += part[q];
+      }
     }
-    out[idx] = from_float<T>(total);
+    store_vec(out + idx * VEC, total);
   }
 }
 
