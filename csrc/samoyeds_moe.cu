@@ -118,11 +118,12 @@ struct Stage {
 };
 
 // ------------------------------------------------------------------------------------------ routing index
-// One block (at least one thread per expert, up to 1024: kernels.py), before the GEMMs. Counting-sorts the (token, j) slots by expert and cuts each
-// expert's slots into tiles of at most BN1 (GEMM 1) and BN2 (GEMM 2) slots; unused tiles get rows = 0. The order
-// of slots inside an expert is whatever the atomics give: every slot's result depends only on its own token and
-// expert, so the layer's output is still bit-for-bit deterministic. Slots routed to an expert on another rank
-// (id outside [0, E), expert parallelism) get no tile; sum_slots skips them.
+// One block, before the GEMMs (at least one thread per expert, one per slot up to 1024: kernels.py).
+// Counting-sorts the (token, j) slots by expert and cuts each expert's slots into tiles of at most BN1 (GEMM 1)
+// and BN2 (GEMM 2) slots; unused tiles get rows = 0. The order of slots inside an expert is whatever the atomics
+// give: every slot's result depends only on its own token and expert, so the layer's output is still bit-for-bit
+// deterministic. Slots routed to an expert on another rank (id outside [0, E), expert parallelism) get no tile;
+// sum_slots skips them.
 
 constexpr int MAX_EXPERTS = 1024;
 
