@@ -10,13 +10,13 @@
 //   values [E, R, K/2]  the kept values; R = out rows (2:4) or out rows / 2 (samoyeds: one condensed row per pair)
 //   meta   [E, R, K/16] int16: per 16 inputs, 4 nibbles p0 | p1 << 2 (the ordered sparse-MMA metadata of a row)
 //   rowsel [E, R, K/V]  uint8 (samoyeds): which row of pair r receives condensed row r in segment s
-// For samoyeds each thread keeps one accumulator per row of a pair and always multiplies into the even one: for
-// a segment of V inputs whose kept row is the odd one, the two are swapped before the segment and back after it
-// (two accumulator sets, not three, so token tiles can be as wide for samoyeds as for 2:4).
+// For samoyeds each thread keeps one accumulator per row of a pair and always multiplies into the even one: while
+// the kept row is the odd one the two are swapped, so a segment costs a conditional swap only where its kept row
+// differs from the previous segment's (two accumulator sets, not three: token tiles as wide as for 2:4).
 //
 // Work decomposition:
-//   blockIdx.x: BM = 64 or 128 condensed weight rows (WARPS x 16 rows); for GATE_UP the same BM rows of gate
-//               and of up, so SiLU(gate) * up is computed in registers.
+//   blockIdx.x: MT slabs of BM = WARPS x 16 condensed weight rows (64 to 256 rows): for GATE_UP the same BM rows
+//               of gate and of up, so SiLU(gate) * up is computed in registers; for GEMM 2 one or two stacked slabs.
 //   blockIdx.y: one token tile: up to BN (token, expert) slots of one expert, described by tile_expert /
 //               tile_start / tile_rows (built on the GPU by the host code, no host synchronisation). Tiles past
 //               the last one have tile_rows = 0 and exit at once, so the grid can be sized without knowing the
@@ -109,16 +109,21 @@ template <int ROWS> struct ATile { uint4 chunk[ROWS * 8]; };
 template <int BN> struct BTile { uint4 chunk[BN * 16]; };
 template <int ROWS> struct MetaTile { uint16_t half[ROWS * 8]; };
 
-template <bool GATE_UP, int BN, int BM>
+template <int BN, int A_ROWS>  // A_ROWS: all weight rows of the block (gate rows then up rows for GATE_UP)
 struct Stage {
-  static constexpr int A_ROWS = GATE_UP ? 2 * BM : BM;  // gate rows then up rows
   ATile<A_ROWS> a;
   MetaTile<A_ROWS> meta;
   BTile<BN> b;
 };
 
+// The rowsel bytes of one row for one stage (BK / V segments), read as one word.
+template <int SEGS> struct SelWordOf { using type = unsigned; };
+template <> struct SelWordOf<1> { using type = uint8_t; };
+template <> struct SelWordOf<2> { using type = uint16_t; };
+
 // ------------------------------------------------------------------------------------------ routing index
-// One block, before the GEMMs (at least one thread per expert, one per slot up to 1024: kernels.py).
+// One block, before the GEMMs (at least one thread per expert, one per slot up to 1024: kernels.py), with two
+// helper kernels over many blocks for large batches (below).
 // Counting-sorts the (token, j) slots by expert and cuts each expert's slots into tiles of at most BN1 (GEMM 1)
 // and BN2 (GEMM 2) slots; unused tiles get rows = 0. The order of slots inside an expert is whatever the atomics
 // give: every slot's result depends only on its own token and expert, so the layer's output is still bit-for-bit
@@ -191,29 +196,89 @@ __device__ void write_tiles(const TileSet& ts, const int* counts, int* tile_end,
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(1024) build_routing_index(
+// f(slot, expert) for every slot in [begin, end) routed to this rank's experts, spread over the block with
+// ROUTE_ILP loads in flight per thread.
+constexpr int ROUTE_ILP = 8;
+template <typename F>
+__device__ void for_each_slot(const long long* __restrict__ topk_ids, int begin, int end, int E, F f) {
+  for (int base = begin; base < end; base += blockDim.x * ROUTE_ILP) {
+    long long ids[ROUTE_ILP];
+#pragma unroll
+    for (int u = 0; u < ROUTE_ILP; ++u) {
+      const int s = base + u * blockDim.x + threadIdx.x;
+      ids[u] = s < end ? topk_ids[s] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < ROUTE_ILP; ++u)
+      if (ids[u] >= 0 && ids[u] < E) f(base + u * blockDim.x + threadIdx.x, (int)ids[u]);
+  }
+}
+
+// Large batches: one block's shared-memory atomics on E counters cap the index at about one slot per clock (ncu,
+// H100, 131,072 slots: 144 µs), so the counting and the scatter run over many blocks, each taking a chunk of
+// `chunk` slots: count_slots writes each chunk's per-expert counts, build_routing_index turns them into each
+// chunk's first sorted position per expert, scatter_slots places the chunk's slots from there.
+__global__ void __launch_bounds__(256) count_slots(const long long* __restrict__ topk_ids, int slots, int E,
+                                                   int chunk, int* __restrict__ chunk_counts /* [chunks, E] */) {
+  __shared__ int counts[MAX_EXPERTS];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  const int begin = blockIdx.x * chunk, end = min(begin + chunk, slots);
+  int* count = counts;
+  for_each_slot(topk_ids, begin, end, E, [count](int, int e) { atomicAdd(&count[e], 1); });
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) chunk_counts[(size_t)blockIdx.x * E + e] = counts[e];
+}
+
+__global__ void __launch_bounds__(256) scatter_slots(const long long* __restrict__ topk_ids, int slots, int E,
+                                                     int chunk, const int* __restrict__ chunk_first,
+                                                     int* __restrict__ sorted_slot) {
+  __shared__ int cursor[MAX_EXPERTS];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cursor[e] = chunk_first[(size_t)blockIdx.x * E + e];
+  __syncthreads();
+  const int begin = blockIdx.x * chunk, end = min(begin + chunk, slots);
+  int* next = cursor;
+  for_each_slot(topk_ids, begin, end, E,
+                [next, sorted_slot](int s, int e) { sorted_slot[atomicAdd(&next[e], 1)] = s; });
+}
+
+// chunks = 0: counts and scatters the slots itself (decode and small batches: one launch). chunks > 0: sums the
+// chunk counts of count_slots and overwrites them with each chunk's first sorted position per expert, for
+// scatter_slots to run next.
+__global__ void __launch_bounds__(1024, 1) build_routing_index(
     const long long* __restrict__ topk_ids,  // [slots]
     int slots, int E,
     int* __restrict__ sorted_slot,           // [slots] original slot per sorted position
+    int* __restrict__ chunk_counts, int chunks,
     int* t1_expert, int* t1_start, int* t1_rows, int bn1, int n1,
     int* t2_expert, int* t2_start, int* t2_rows, int bn2, int n2) {
   __shared__ int counts[MAX_EXPERTS], first[MAX_EXPERTS], cursor[MAX_EXPERTS], tile_end[MAX_EXPERTS];
   __shared__ int warp_sums[32];
-  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
-  __syncthreads();
-  for (int s = threadIdx.x; s < slots; s += blockDim.x) {
-    const long long e = topk_ids[s];
-    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int total = 0;
+    for (int c = 0; c < chunks; ++c) total += chunk_counts[(size_t)c * E + e];
+    counts[e] = total;
   }
+  __syncthreads();
+  int* count = counts;
+  if (chunks == 0) for_each_slot(topk_ids, 0, slots, E, [count](int, int e) { atomicAdd(&count[e], 1); });
   __syncthreads();
   int total;
   const int e = threadIdx.x;
   const int start = block_exclusive_scan(e < E ? counts[e] : 0, warp_sums, total);
   if (e < E) first[e] = cursor[e] = start;
   __syncthreads();
-  for (int s = threadIdx.x; s < slots; s += blockDim.x) {
-    const long long ex = topk_ids[s];
-    if (ex >= 0 && ex < E) sorted_slot[atomicAdd(&cursor[ex], 1)] = s;
+  if (chunks == 0) {
+    int* next = cursor;
+    for_each_slot(topk_ids, 0, slots, E,
+                  [next, sorted_slot](int s, int ex) { sorted_slot[atomicAdd(&next[ex], 1)] = s; });
+  } else if (e < E) {
+    int position = first[e];
+    for (int c = 0; c < chunks; ++c) {
+      const int n = chunk_counts[(size_t)c * E + e];
+      chunk_counts[(size_t)c * E + e] = position;
+      position += n;
+    }
   }
   write_tiles({t1_expert, t1_start, t1_rows, bn1, n1}, counts, tile_end, warp_sums, first, E);
   write_tiles({t2_expert, t2_start, t2_rows, bn2, n2}, counts, tile_end, warp_sums, first, E);
@@ -221,9 +286,11 @@ __global__ void __launch_bounds__(1024) build_routing_index(
 
 // --------------------------------------------------------------------------------------------- the kernel
 
-// WARPS = 4 or 8 warps of 16 condensed rows each: BM = 64 or 128 rows per block (8 for wide batches, so each
-// token tile loaded into shared memory serves twice the rows).
-template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS>
+// A block has WARPS = 4 or 8 warps; each warp owns MT m16 tiles of weight rows (the same 16 rows of gate and of up
+// for GATE_UP, so MT = 2 there; two stacked 16-row tiles for GEMM 2 on wide batches) and all BN tokens of the
+// token tile, so every B fragment read from shared memory feeds MT mma.sp. The block's A tile is MT slabs of
+// BM = WARPS * 16 rows.
+template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT>
 __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
     const T* __restrict__ x,               // GATE_UP: [tokens, K] activations; else [slots, K] act in sorted order
     const T* __restrict__ values,          // [E, R, K/2]
@@ -242,21 +309,25 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
     int top_k,
     int N_out,                             // output features (row stride of out)
     int slots) {                           // slots in the batch (row count of `partial` per split)
+  static_assert(!GATE_UP || MT == 2, "GATE_UP pairs one gate tile with one up tile");
+  static_assert(BK % V == 0 && V % 32 == 0, "a segment is whole k-steps of one stage");
   constexpr int THREADS = WARPS * 32;
-  constexpr int BM = WARPS * 16;           // condensed weight rows per block
-  using StageT = Stage<GATE_UP, BN, BM>;
-  constexpr int A_ROWS = StageT::A_ROWS;
+  constexpr int BM = WARPS * 16;           // condensed rows per slab
+  using StageT = Stage<BN, MT * BM>;
+  constexpr int A_ROWS = MT * BM;
   constexpr int NT = BN / 8;               // n8 tiles per warp
-  constexpr int SEG_STEPS = SAMOYEDS ? V / 32 : 4;  // k-steps per row-selection segment
-  constexpr int HALVES = GATE_UP ? 2 : 1;
+  constexpr int SEGS = BK / V;             // row-selection segments per stage (samoyeds)
+  constexpr int SEG_STEPS = V / 32;        // k-steps per segment
+  using SelWord = typename SelWordOf<SEGS>::type;
 
   const int tile = blockIdx.y;
   const int n_rows = tile_rows[tile];
   if (n_rows == 0) return;
   const int expert = tile_expert[tile];
   const int first = tile_start[tile];
-  const int row0 = blockIdx.x * BM;        // first condensed row of this block (within the gate half for GATE_UP)
   const int half_rows = GATE_UP ? R / 2 : R;
+  const int row0 = blockIdx.x * (GATE_UP ? BM : A_ROWS);  // first condensed row (within the gate half for GATE_UP)
+  const int slab_rows = GATE_UP ? half_rows : BM;          // row distance between the slabs (gate -> up, or stacked)
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   StageT* stages = reinterpret_cast<StageT*>(smem_raw);
@@ -271,60 +342,83 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   __syncthreads();
 
   const size_t expert_rows = (size_t)expert * R;
-  const T* a_base = values + expert_rows * (K / 2);
-  const int16_t* m_base = meta + expert_rows * (K / 16);
   // Split-K: block z of gridDim.z takes an equal share of the k tiles (more, shorter blocks for small batches).
   const int k_total = K / BK;
   const int kt_begin = (int)((long long)k_total * blockIdx.z / gridDim.z);
   const int k_tiles = (int)((long long)k_total * (blockIdx.z + 1) / gridDim.z) - kt_begin;
 
+  // Per-thread copy addresses, fixed for the whole k loop (a stage only adds its k offset). A: chunk c = tid % 8
+  // of rows tid / 8 + j * THREADS / 8, j < 4 per slab, so the XOR swizzle (row & 7) is the same for every j.
+  constexpr int A_STEP = THREADS / 8;      // rows between a thread's A chunks
+  static_assert(BM == 4 * A_STEP, "four A chunks per thread and slab");
+  const int a_row = tid >> 3, a_chunk = tid & 7;
+  const T* a_src = values + (expert_rows + row0 + a_row) * (K / 2) + (size_t)kt_begin * (BK / 2) + a_chunk * 8;
+  const size_t a_step = (size_t)A_STEP * (K / 2), a_slab = (size_t)slab_rows * (K / 2);
+  const int a_dst = a_row * 8 + (a_chunk ^ (a_row & 7));
+  // meta: one 16-byte chunk (the 128 inputs of a stage) per row; thread r < A_ROWS copies row r.
+  const int m_slab = tid / BM;
+  const int16_t* m_src = meta + (expert_rows + row0 + (tid % BM) + (size_t)m_slab * slab_rows) * (K / 16) +
+                         (size_t)kt_begin * (BK / 16);
+  // B: chunk tid % 16 of token columns tid / 16 + j * THREADS / 16, gathered through the routing index.
+  constexpr int B_STEP = THREADS / 16;
+  constexpr int B_ITERS = (BN + B_STEP - 1) / B_STEP;
+  const int b_col = tid >> 4, b_chunk = tid & 15;
+
   auto load_stage = [&](int slot, int kt) {
     StageT& s = stages[slot];
-    const int k0 = (kt_begin + kt) * BK;
-    // A: A_ROWS rows x 8 chunks
-    for (int i = tid; i < A_ROWS * 8; i += THREADS) {
-      const int r = i >> 3, c = i & 7;
-      const int wrow = (GATE_UP && r >= BM) ? half_rows + row0 + (r - BM) : row0 + r;
-      const T* src = a_base + (size_t)wrow * (K / 2) + k0 / 2 + c * 8;
-      cp_async16(&s.a.chunk[r * 8 + (c ^ (r & 7))], src, 16);
-    }
-    // meta: A_ROWS rows x 1 chunk (8 halfwords)
-    for (int r = tid; r < A_ROWS; r += THREADS) {
-      const int wrow = (GATE_UP && r >= BM) ? half_rows + row0 + (r - BM) : row0 + r;
-      cp_async16(&s.meta.half[r * 8], m_base + (size_t)wrow * (K / 16) + k0 / 16, 16);
-    }
-    // B: BN token rows x 16 chunks, gathered through the routing index
-    for (int i = tid; i < BN * 16; i += THREADS) {
-      const int n = i >> 4, c = i & 15;
+    const size_t k_off = (size_t)kt * BK;
+#pragma unroll
+    for (int h = 0; h < MT; ++h)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        cp_async16(&s.a.chunk[a_dst + (h * BM + j * A_STEP) * 8], a_src + h * a_slab + j * a_step + k_off / 2, 16);
+    if (tid < A_ROWS) cp_async16(&s.meta.half[tid * 8], m_src + k_off / 16, 16);
+#pragma unroll
+    for (int j = 0; j < B_ITERS; ++j) {
+      const int n = b_col + j * B_STEP;
+      if (B_ITERS * B_STEP > BN && n >= BN) break;
       const int src_row = token_row[n];
-      const T* src = x + (size_t)(src_row < 0 ? 0 : src_row) * K + k0 + c * 8;
-      cp_async16(&s.b.chunk[n * 16 + (c ^ (n & 7))], src, src_row < 0 ? 0 : 16);
+      const T* src = x + (size_t)(src_row < 0 ? 0 : src_row) * K + (size_t)(kt_begin + kt) * BK + b_chunk * 8;
+      cp_async16(&s.b.chunk[n * 16 + (b_chunk ^ (n & 7))], src, src_row < 0 ? 0 : 16);
     }
   };
 
-  // Accumulators: [half][n8 tile][4]. For samoyeds, one per row of the pair (see swap_rows below).
-  float acc_even[HALVES][NT][4] = {};
-  float acc_odd[HALVES][NT][4] = {};   // unused (optimised away) for 2:4
+  // Accumulators: [m tile][n8 tile][4]. For samoyeds, one per row of the pair (see the fold below).
+  float acc_even[MT][NT][4] = {};
+  float acc_odd[MT][NT][4] = {};   // unused (optimised away) for 2:4
 
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < k_tiles) load_stage(s, s);
     cp_async_commit();
   }
 
-  const int wrow0 = warp * 16;  // this warp's first row inside the block tile
+  const int wrow0 = warp * 16;  // this warp's first row inside a slab
+  // Samoyeds fold: the mma always accumulates into acc_even; while the kept row of a pair is its odd row, the
+  // pair's two accumulators are swapped (swapped[h][r] for rows g and g + 8 of tile h), so a segment whose kept
+  // row differs from the previous segment's costs one conditional swap. The row selections of the next stage are
+  // loaded one stage ahead into registers, out of the way of the mma loop.
   const int n_seg = K / V;
-  // Samoyeds: whether the odd row of each pair is the kept one (rows g and g + 8 of each half) in the current
-  // segment; the pair's accumulators are swapped for the segment's duration, so the mma always targets acc_even.
-  bool odd[HALVES][2];
-  auto swap_rows = [&]() {
+  const uint8_t* sel_src = SAMOYEDS ? rowsel + (expert_rows + row0 + wrow0 + g) * n_seg + (size_t)kt_begin * SEGS
+                                    : nullptr;
+  auto load_sel = [&](SelWord (&sel)[MT][2], int kt) {
 #pragma unroll
-    for (int h = 0; h < HALVES; ++h)
+    for (int h = 0; h < MT; ++h)
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) swap_if(odd[h][i >> 1], acc_even[h][j][i], acc_odd[h][j][i]);
+      for (int r = 0; r < 2; ++r)
+        sel[h][r] = *reinterpret_cast<const SelWord*>(
+            sel_src + ((size_t)h * slab_rows + 8 * r) * n_seg + (size_t)kt * SEGS);
   };
+  SelWord sel_next[MT][2] = {};
+  bool swapped[MT][2] = {};
+  if (SAMOYEDS && k_tiles > 0) load_sel(sel_next, 0);
+
   for (int kt = 0; kt < k_tiles; ++kt) {
+    SelWord sel[MT][2];
+    if constexpr (SAMOYEDS) {
+#pragma unroll
+      for (int h = 0; h < MT; ++h) sel[h][0] = sel_next[h][0], sel[h][1] = sel_next[h][1];
+      if (kt + 1 < k_tiles) load_sel(sel_next, kt + 1);
+    }
     cp_async_wait<STAGES - 2>();
     __syncthreads();
     if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
@@ -333,19 +427,23 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
 
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      if (SAMOYEDS && ks % SEG_STEPS == 0) {  // a segment starts
-        const int segment = ((kt_begin + kt) * BK + ks * 32) / V;
+      if (SAMOYEDS && ks % SEG_STEPS == 0) {  // a segment starts: bring the kept rows' accumulators in place
 #pragma unroll
-        for (int h = 0; h < HALVES; ++h) {
-          const size_t p = expert_rows + (h ? half_rows : 0) + row0 + wrow0 + g;
-          odd[h][0] = rowsel[p * n_seg + segment] != 0;
-          odd[h][1] = rowsel[(p + 8) * n_seg + segment] != 0;
-        }
-        swap_rows();
+        for (int h = 0; h < MT; ++h)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const bool odd = ((sel[h][r] >> (8 * (ks / SEG_STEPS))) & 0xff) != 0;
+            const bool flip = odd != swapped[h][r];
+            swapped[h][r] = odd;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+              for (int i = 2 * r; i < 2 * r + 2; ++i) swap_if(flip, acc_even[h][j][i], acc_odd[h][j][i]);
+          }
       }
-      unsigned a[HALVES][4], e[HALVES];
+      unsigned a[MT][4], e[MT];
 #pragma unroll
-      for (int h = 0; h < HALVES; ++h) {
+      for (int h = 0; h < MT; ++h) {
         const int r = h * BM + wrow0 + (lane & 7) + ((lane >> 3) & 1) * 8;
         const int c = ks * 2 + (lane >> 4);
         ldmatrix_x4(a[h], &s.a.chunk[r * 8 + (c ^ (r & 7))]);
@@ -360,15 +458,26 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
         const int c = ks * 4 + (lane >> 3);
         ldmatrix_x4(b, &s.b.chunk[n * 16 + (c ^ (n & 7))]);
 #pragma unroll
-        for (int h = 0; h < HALVES; ++h) mma_sp<T>(acc_even[h][j], a[h], b, e[h]);
+        for (int h = 0; h < MT; ++h) mma_sp<T>(acc_even[h][j], a[h], b, e[h]);
       }
-      if (SAMOYEDS && (ks + 1) % SEG_STEPS == 0) swap_rows();  // the segment ends: swap back
     }
   }
   cp_async_wait<0>();
+  if constexpr (SAMOYEDS) {  // undo the last segment's swaps
+#pragma unroll
+    for (int h = 0; h < MT; ++h)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) swap_if(swapped[h][i >> 1], acc_even[h][j][i], acc_odd[h][j][i]);
+  }
 
-  // Epilogue. Thread holds rows (g, g+8) x tile columns (2t, 2t+1) of each n8 tile.
+  // Epilogue. Thread holds rows (g, g+8) of each m tile x tile columns (2t, 2t+1) of each n8 tile.
   const bool split = gridDim.z > 1;
+  auto out_col = [&](int h, int i) {  // output column of acc_even[h][.][i] (acc_odd: the next one, samoyeds)
+    const int crow = row0 + (GATE_UP ? 0 : h * BM) + wrow0 + g + (i >> 1) * 8;  // condensed row
+    return (GATE_UP ? h * N_out : 0) + (SAMOYEDS ? 2 * crow : crow);
+  };
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
 #pragma unroll
@@ -376,36 +485,32 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
       const int n = j * 8 + 2 * t + (i & 1);
       if (n >= n_rows) continue;
       const int pos = first + n;
-      const int crow = row0 + wrow0 + g + (i >> 1) * 8;  // condensed row (2:4: the output row)
-      const int orow = SAMOYEDS ? 2 * crow : crow;        // output feature of acc_even (acc_odd: orow + 1)
       const size_t slot = GATE_UP ? (size_t)pos : (size_t)sorted_slot[pos];
+      const float w = GATE_UP ? 1.0f : slot_weight[slot];
       if (split) {  // raw partial sums; the reduction kernels below finish the epilogue
-        const size_t width = GATE_UP ? 2 * (size_t)N_out : (size_t)N_out;
-        float* dst = partial + ((size_t)blockIdx.z * slots + slot) * width;
-        const float w = GATE_UP ? 1.0f : slot_weight[slot];
+        float* dst = partial + ((size_t)blockIdx.z * slots + slot) * (GATE_UP ? 2 * (size_t)N_out : (size_t)N_out);
 #pragma unroll
-        for (int h = 0; h < HALVES; ++h) {
+        for (int h = 0; h < MT; ++h) {
           if (SAMOYEDS) {
-            *reinterpret_cast<float2*>(dst + h * N_out + orow) = make_float2(w * acc_even[h][j][i],
-                                                                             w * acc_odd[h][j][i]);
+            *reinterpret_cast<float2*>(dst + out_col(h, i)) = make_float2(w * acc_even[h][j][i], w * acc_odd[h][j][i]);
           } else {
-            dst[h * N_out + orow] = w * acc_even[h][j][i];
+            dst[out_col(h, i)] = w * acc_even[h][j][i];
           }
         }
         continue;
       }
-      float even, odd = 0.0f;
-      if (GATE_UP) {
-        even = silu(acc_even[0][j][i]) * acc_even[HALVES - 1][j][i];
-        if (SAMOYEDS) odd = silu(acc_odd[0][j][i]) * acc_odd[HALVES - 1][j][i];
-      } else {
-        const float w = slot_weight[slot];
-        even = w * acc_even[0][j][i];
-        odd = w * acc_odd[0][j][i];
-      }
       T* dst = out + slot * N_out;
-      if (SAMOYEDS) store_pair(dst + orow, even, odd);
-      else dst[orow] = from_float<T>(even);
+      if (GATE_UP) {
+        const float even = silu(acc_even[0][j][i]) * acc_even[1][j][i];
+        if (SAMOYEDS) store_pair(dst + out_col(0, i), even, silu(acc_odd[0][j][i]) * acc_odd[1][j][i]);
+        else dst[out_col(0, i)] = from_float<T>(even);
+      } else {
+#pragma unroll
+        for (int h = 0; h < MT; ++h) {
+          if (SAMOYEDS) store_pair(dst + out_col(h, i), w * acc_even[h][j][i], w * acc_odd[h][j][i]);
+          else dst[out_col(h, i)] = from_float<T>(w * acc_even[h][j][i]);
+        }
+      }
     }
   }
 }

@@ -5,8 +5,8 @@ install time) and CuPy caches the result on disk (`CUPY_CACHE_DIR`, default ~/.c
 torch's current stream with no host synchronisation, so vLLM can capture them in CUDA graphs.
 
 One MoE forward:
-1. routing index (one small kernel): slots (token, j) sorted by expert, and a tile map of up to BN slots of one
-   expert per tile, sized from the shapes alone;
+1. routing index (one small kernel; three for large batches): slots (token, j) sorted by expert, and a tile map
+   of up to BN slots of one expert per tile, sized from the shapes alone;
 2. GEMM 1 (gate and up, SiLU(gate) * up fused) reading the tokens' rows of x in place through the index;
 3. GEMM 2 (down, routing weight fused) writing each slot's output row;
 4. sum over the top-k slots of each token (a fixed order: deterministic).
@@ -27,14 +27,16 @@ import torch
 
 from .errors import SamoyedsError
 
-BM = 64  # condensed weight rows per block (csrc: WARPS * 16), and 2 * BM for wide token tiles where rows divide
-WIDE_BN = 64  # token tiles this wide use 8-warp blocks when the rows allow
+BM = 64  # condensed weight rows of a 4-warp slab (csrc: WARPS * 16); wide token tiles take larger blocks
+WIDE_BN = 64  # token tiles this wide use 8-warp blocks (GEMM 2: two stacked slabs) when the rows allow
 MAX_SPLITS = 8  # split-K factor cap
 BK = 128  # dense inputs per pipeline stage
 STAGES = 3
 SUM_VEC = 8  # elements per thread of the slot sum for large batches (16 bytes of bf16 / fp16)
 MAX_EXPERTS = 1024  # csrc: shared-memory counters of the routing index
 ROUTING_KERNEL = "samoyeds::build_routing_index"
+ROUTE_CHUNK = 2048  # slots per block of the multi-block count and scatter (csrc: 256 threads x ROUTE_ILP)
+ROUTE_CHUNKED_FROM = 4 * ROUTE_CHUNK  # batches with at least this many slots count and scatter over many blocks
 _CTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
 SUPPORTED_DTYPES = tuple(_CTYPES)
 
@@ -64,9 +66,11 @@ def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
         raise SamoyedsError("samoyeds GPU kernels are compiled at first use with CuPy: pip install cupy-cuda13x "
                             "(or cupy-cuda12x to match your CUDA)") from None
     source = (resources.files("samoyeds_vllm.csrc") / "samoyeds_moe.cu").read_text()
-    names = [_gemm_name(ctype, samoyeds, segment, bn, gu, warps)
-             for bn in (8, 16, 32, WIDE_BN) for gu in (True, False) for warps in ((4, 8) if bn == WIDE_BN else (4,))]
-    names += [ROUTING_KERNEL, f"samoyeds::silu_mul_splits<{ctype}>"]
+    names = [_gemm_name(ctype, samoyeds, segment, bn, gate_up, warps, slabs)
+             for bn in (8, 16, 32, WIDE_BN) for gate_up in (True, False)
+             for warps, slabs in _tilings(bn, gate_up, samoyeds)]
+    names += [ROUTING_KERNEL, "samoyeds::count_slots", "samoyeds::scatter_slots",
+              f"samoyeds::silu_mul_splits<{ctype}>"]
     names += [_sum_slots_name(ctype, src, vec) for src in (ctype, "float") for vec in (1, SUM_VEC)]
     try:
         module = cupy.RawModule(code=source, options=(f"--gpu-architecture={arch}", "-std=c++17"),
@@ -88,24 +92,41 @@ def _function(dtype: torch.dtype, samoyeds: bool, segment: int, device: torch.de
     return _module(_CTYPES[dtype], samoyeds, segment, _arch(device)).get_function(name)
 
 
-def _gemm_name(ctype: str, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int) -> str:
+def _gemm_name(ctype: str, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int, slabs: int) -> str:
     return (f"samoyeds::moe_gemm<{ctype}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gate_up).lower()}, "
-            f"{warps}>")
+            f"{warps}, {slabs}>")
 
 
-def _warps(bn: int, rows: int) -> int:
-    """Warps (16 condensed rows each) per block: 8 for wide token tiles when the rows divide, so a token tile in
-    shared memory serves 128 rows; 4 otherwise (and for decode, where more, smaller blocks fill the GPU)."""
-    return 8 if bn == WIDE_BN and rows % (2 * BM) == 0 else 4
+def _tilings(bn: int, gate_up: bool, samoyeds: bool) -> list[tuple[int, int]]:
+    """The (warps, slabs) block shapes compiled for a token tile, preferred first. A slab is 16 condensed rows per
+    warp; GATE_UP always has two (gate and up), GEMM 2 stacks two on wide batches so each B fragment read from
+    shared memory feeds two mma.sp, as in GATE_UP. Measured on an H100 (Qwen3 shape, T = 16384, µs of the whole
+    layer, benchmarks/compare_tilings.py): GEMM 2 4 warps x 2 slabs 3417, 8 x 2 3586, 4 x 1 4001 (samoyeds);
+    GEMM 1 8 x 2 3438 vs 4 x 2 3491 for samoyeds, 5214 vs 5000 for 2:4. Decode keeps small 4-warp blocks, so more
+    of them fill the GPU."""
+    if bn != WIDE_BN:
+        return [(4, 2 if gate_up else 1)]
+    if gate_up:
+        return [(8, 2), (4, 2)] if samoyeds else [(4, 2)]
+    return [(4, 2), (4, 1)]
+
+
+def _tiling(bn: int, gate_up: bool, samoyeds: bool, rows: int) -> tuple[int, int, int]:
+    """(warps, slabs, condensed rows per block) of the widest shape whose blocks divide the rows (GATE_UP: the
+    rows of one half)."""
+    for warps, slabs in _tilings(bn, gate_up, samoyeds):
+        block_rows = 16 * warps * (1 if gate_up else slabs)
+        if rows % block_rows == 0:
+            return warps, slabs, block_rows
+    raise AssertionError(f"{rows} rows are not whole {BM}-row blocks (supports() admits only those)")
 
 
 @functools.cache
-def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int,
+def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int, slabs: int,
             device: torch.device):
     kernel = _function(dtype, samoyeds, segment, device,
-                       _gemm_name(_CTYPES[dtype], samoyeds, segment, bn, gate_up, warps))
-    bm = 16 * warps
-    a_rows = 2 * bm if gate_up else bm
+                       _gemm_name(_CTYPES[dtype], samoyeds, segment, bn, gate_up, warps, slabs))
+    a_rows = 16 * warps * slabs
     smem = STAGES * (a_rows * 128 + a_rows * 16 + bn * 256)
     kernel.max_dynamic_shared_size_bytes = smem
     return kernel, smem
@@ -189,12 +210,14 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     weights = topk_weights.reshape(-1).float().contiguous()
     bn1 = bn2 = _token_tile(slots, num_experts)
     n1, n2 = _num_tiles(slots, num_experts, bn1), _num_tiles(slots, num_experts, bn2)
-    warps1, warps2 = _warps(bn1, r13 // 2), _warps(bn2, r2)
-    row_tiles1, row_tiles2 = r13 // 2 // (16 * warps1), r2 // (16 * warps2)
+    warps1, slabs1, block_rows1 = _tiling(bn1, True, samoyeds, r13 // 2)
+    warps2, slabs2, block_rows2 = _tiling(bn2, False, samoyeds, r2)
+    row_tiles1, row_tiles2 = r13 // 2 // block_rows1, r2 // block_rows2
     z1 = _splits(row_tiles1, slots, num_experts, bn1, hidden // BK, sms)
     z2 = _splits(row_tiles2, slots, num_experts, bn2, inter // BK, sms)
-    index = torch.empty(slots + 3 * (n1 + n2), dtype=torch.int32, device=x.device)
-    sorted_slot, t1, t2 = index.split([slots, 3 * n1, 3 * n2])
+    chunks = -(-slots // ROUTE_CHUNK) if slots >= ROUTE_CHUNKED_FROM else 0
+    index = torch.empty(slots + 3 * (n1 + n2) + chunks * num_experts, dtype=torch.int32, device=x.device)
+    sorted_slot, t1, t2, chunk_counts = index.split([slots, 3 * n1, 3 * n2, chunks * num_experts])
     t1, t2 = t1.view(3, n1), t2.view(3, n2)
     act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
     if os.environ.get("SAMOYEDS_POISON"):  # tests: an element the kernels fail to write shows up as NaN
@@ -208,17 +231,24 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     ctype = _CTYPES[x.dtype]
     stream = _cupy_stream(torch.cuda.current_stream(x.device).cuda_stream, x.device.index)
     with cupy.cuda.Device(x.device.index), stream:
+        route_args = (_ptr(ids), np.int32(slots), np.int32(num_experts), np.int32(ROUTE_CHUNK), _ptr(chunk_counts))
+        if chunks:
+            _function(x.dtype, samoyeds, seg, x.device, "samoyeds::count_slots")((chunks,), (256,), route_args)
         _function(x.dtype, samoyeds, seg, x.device, ROUTING_KERNEL)(
             (1,), (_routing_threads(slots, num_experts),),
-            (_ptr(ids), np.int32(slots), np.int32(num_experts), _ptr(sorted_slot),
-             _ptr(t1[0]), _ptr(t1[1]), _ptr(t1[2]), np.int32(bn1), np.int32(n1),
+            (_ptr(ids), np.int32(slots), np.int32(num_experts), _ptr(sorted_slot), _ptr(chunk_counts),
+             np.int32(chunks), _ptr(t1[0]), _ptr(t1[1]), _ptr(t1[2]), np.int32(bn1), np.int32(n1),
              _ptr(t2[0]), _ptr(t2[1]), _ptr(t2[2]), np.int32(bn2), np.int32(n2)))
-        gemms = ((True, bn1, warps1, t1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1, r13, hidden,
-                  inter, row_tiles1),
-                 (False, bn2, warps2, t2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter, hidden,
+        if chunks:
+            _function(x.dtype, samoyeds, seg, x.device, "samoyeds::scatter_slots")(
+                (chunks,), (256,), (*route_args, _ptr(sorted_slot)))
+        gemms = ((True, bn1, warps1, slabs1, t1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1, r13,
+                  hidden, inter, row_tiles1),
+                 (False, bn2, warps2, slabs2, t2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter, hidden,
                   row_tiles2))
-        for gate_up, bn, warps, tiles, z, src, values, meta, rowsel, dst, partial, rows, k, n_out, row_tiles in gemms:
-            kernel, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, warps, x.device)
+        for (gate_up, bn, warps, slabs, tiles, z, src, values, meta, rowsel, dst, partial, rows, k, n_out,
+             row_tiles) in gemms:
+            kernel, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, warps, slabs, x.device)
             kernel((row_tiles, tiles.shape[1], z), (32 * warps,),
                    (_ptr(src), _ptr(values), _ptr(meta), _ptr(rowsel), _ptr(dst), _ptr(partial if z > 1 else None),
                     _ptr(tiles[0]), _ptr(tiles[1]), _ptr(tiles[2]), _ptr(sorted_slot), _ptr(weights),

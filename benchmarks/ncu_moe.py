@@ -1,0 +1,32 @@
+"""One MoE forward for Nsight Compute to profile (only the forward, between profiler start and stop), on a GPU.
+
+    ncu --clock-control none --profile-from-start off [sections] python benchmarks/ncu_moe.py \
+        [--shape qwen3-30b-a3b] [--pattern samoyeds] [--tokens 16384]
+"""
+
+import argparse
+
+import torch
+
+from samoyeds_vllm.bench import make_problem, ours, preset_shape
+from samoyeds_vllm.formats import Pattern
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", default="qwen3-30b-a3b")
+    parser.add_argument("--pattern", default="samoyeds")
+    parser.add_argument("--tokens", type=int, default=16384)
+    args = parser.parse_args()
+    pattern = Pattern.parse(args.pattern)
+    fn = ours(make_problem(preset_shape(args.shape), pattern, args.tokens, seed=args.tokens), pattern)
+    fn()  # compile and warm up outside the profiled range
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+if __name__ == "__main__":
+    main()
