@@ -25,24 +25,26 @@ def main() -> None:
     shape, pattern = preset_shape(args.shape), Pattern.parse(args.pattern)
     default_tiling = kernels._tiling
     gate_up = args.gemm == 1
-    variants = kernels._tilings(kernels.WIDE_BN, gate_up, pattern.segment is not None)
+    variants = kernels._tilings(kernels.WIDE_BN, gate_up, pattern.segment is not None,
+                                kernels._arch(torch.device("cuda")) == "sm_90a")
     print(f"{args.shape} {pattern}: GEMM {args.gemm} block shapes (warps, slabs), µs")
     for tokens in map(int, args.tokens.split(",")):
         problem = make_problem(shape, pattern, tokens, seed=tokens)
         ref = reference_moe(problem)
         cells = []
-        for warps, slabs in variants:
+        for warps, slabs, wgmma in variants:
             block_rows = 16 * warps * (1 if gate_up else slabs)
 
-            def forced(bn, is_gate_up, samoyeds, rows, _shape=(warps, slabs, block_rows)):
-                if is_gate_up != gate_up or bn != kernels.WIDE_BN or rows % _shape[2]:
-                    return default_tiling(bn, is_gate_up, samoyeds, rows)
+            def forced(bn, is_gate_up, samoyeds, hopper, rows, _shape=(warps, slabs, wgmma, block_rows)):
+                if is_gate_up != gate_up or bn != kernels.WIDE_BN or rows % _shape[3]:
+                    return default_tiling(bn, is_gate_up, samoyeds, hopper, rows)
                 return _shape
             kernels._tiling = forced
             fn = ours(problem, pattern)
             err = relative_error(fn(), ref)
-            assert err < 1e-2, f"{warps}x{slabs}: relative error {err}"
-            cells.append(f"{warps}x{slabs} {time_cuda_graph(fn):8.1f} (err {err:.1e})")
+            name = f"{warps}x{slabs}{' wgmma' if wgmma else ''}"
+            assert err < 1e-2, f"{name}: relative error {err}"
+            cells.append(f"{name} {time_cuda_graph(fn):8.1f} (err {err:.1e})")
         kernels._tiling = default_tiling
         print(f"T={tokens:6d}  " + "  ".join(cells))
 

@@ -80,6 +80,50 @@ __device__ __forceinline__ void mma_sp<__half>(float (&d)[4], const unsigned (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(e));
 }
 
+// Hopper (sm_90a): the same product for a whole warpgroup, 64 weight rows x 64 tokens x 32 inputs, issued
+// asynchronously. A from registers (each warp its 16 rows, the mma.sp fragment), B (64 tokens x 32 inputs) read
+// by the tensor cores from 128-byte-swizzled shared memory through a descriptor; D is exactly the mma.sp
+// accumulators of the warp's 8 n8 tiles. Needs wgmma_fence() after other instructions touched a or d, and
+// commit / wait before d is read.
+#define SAMOYEDS_WGMMA_SP_N64(TYPE)                                                                             \
+  asm volatile(                                                                                                 \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                               \
+      "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32." TYPE "." TYPE " "                                         \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"  \
+      "%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, %37, 0, p, 1, 1, 0;\n}\n"                                      \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])                                               \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(e))
+
+template <typename T>
+__device__ __forceinline__ void wgmma_sp_n64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b_desc,
+                                             unsigned e);
+template <>
+__device__ __forceinline__ void wgmma_sp_n64<__nv_bfloat16>(float (&d)[8][4], const unsigned (&a)[4],
+                                                            unsigned long long b_desc, unsigned e) {
+  SAMOYEDS_WGMMA_SP_N64("bf16");
+}
+template <>
+__device__ __forceinline__ void wgmma_sp_n64<__half>(float (&d)[8][4], const unsigned (&a)[4],
+                                                     unsigned long long b_desc, unsigned e) {
+  SAMOYEDS_WGMMA_SP_N64("f16");
+}
+#undef SAMOYEDS_WGMMA_SP_N64
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// cp.async wrote the tiles through the generic proxy; wgmma reads them through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Descriptor of a K-major, 128-byte-swizzled B operand starting at p: rows 128 B apart, 8-row atoms 1 KB apart.
+__device__ __forceinline__ unsigned long long sw128_desc(const void* p) {
+  return (unsigned long long)((smem_addr(p) & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
+}
+
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
@@ -106,14 +150,19 @@ __device__ __forceinline__ void swap_if(bool swap, float& a, float& b) {
 // Meta tile: rows x 8 halfwords (the metadata of 128 dense inputs), unswizzled (read as scalars).
 
 template <int ROWS> struct ATile { uint4 chunk[ROWS * 8]; };
-template <int BN> struct BTile { uint4 chunk[BN * 16]; };
+template <int BN> struct BTile {
+  uint4 chunk[BN * 16];
+  // Chunk c (8 inputs) of token row n: two panels of 64 inputs, rows 128 B apart, chunk c % 8 of a row
+  // at (c % 8) ^ (n % 8): the 128-byte-swizzled K-major layout wgmma reads, and conflict-free for ldmatrix.
+  static __device__ __forceinline__ int at(int n, int c) { return (c >> 3) * BN * 8 + n * 8 + ((c & 7) ^ (n & 7)); }
+};
 template <int ROWS> struct MetaTile { uint16_t half[ROWS * 8]; };
 
 template <int BN, int A_ROWS>  // A_ROWS: all weight rows of the block (gate rows then up rows for GATE_UP)
-struct Stage {
+struct Stage {  // every member a multiple of 1 KB for A_ROWS % 64 == 0, so b stays 1 KB aligned (wgmma swizzle atoms)
+  BTile<BN> b;
   ATile<A_ROWS> a;
   MetaTile<A_ROWS> meta;
-  BTile<BN> b;
 };
 
 // The rowsel bytes of one row for one stage (BK / V segments), read as one word.
@@ -290,7 +339,9 @@ __global__ void __launch_bounds__(1024, 1) build_routing_index(
 // for GATE_UP, so MT = 2 there; two stacked 16-row tiles for GEMM 2 on wide batches) and all BN tokens of the
 // token tile, so every B fragment read from shared memory feeds MT mma.sp. The block's A tile is MT slabs of
 // BM = WARPS * 16 rows.
-template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT>
+// WGMMA (sm_90a, BN = 64, whole warpgroups): each k-step is one wgmma.mma_async.sp per m tile and warpgroup
+// instead of NT mma.sp per warp, with B read by the tensor cores from shared memory (no ldmatrix for B).
+template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA>
 __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
     const T* __restrict__ x,               // GATE_UP: [tokens, K] activations; else [slots, K] act in sorted order
     const T* __restrict__ values,          // [E, R, K/2]
@@ -311,6 +362,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
     int slots) {                           // slots in the batch (row count of `partial` per split)
   static_assert(!GATE_UP || MT == 2, "GATE_UP pairs one gate tile with one up tile");
   static_assert(BK % V == 0 && V % 32 == 0, "a segment is whole k-steps of one stage");
+  static_assert(!WGMMA || (BN == 64 && WARPS % 4 == 0), "wgmma: m64n64 per warpgroup");
   constexpr int THREADS = WARPS * 32;
   constexpr int BM = WARPS * 16;           // condensed rows per slab
   using StageT = Stage<BN, MT * BM>;
@@ -329,8 +381,8 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   const int row0 = blockIdx.x * (GATE_UP ? BM : A_ROWS);  // first condensed row (within the gate half for GATE_UP)
   const int slab_rows = GATE_UP ? half_rows : BM;          // row distance between the slabs (gate -> up, or stacked)
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  StageT* stages = reinterpret_cast<StageT*>(smem_raw);
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // STAGES stages + 1 KB to align them
+  StageT* stages = reinterpret_cast<StageT*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   __shared__ int token_row[BN];            // row of x holding each tile column (-1: padding)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -379,7 +431,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
       if (B_ITERS * B_STEP > BN && n >= BN) break;
       const int src_row = token_row[n];
       const T* src = x + (size_t)(src_row < 0 ? 0 : src_row) * K + (size_t)(kt_begin + kt) * BK + b_chunk * 8;
-      cp_async16(&s.b.chunk[n * 16 + (b_chunk ^ (n & 7))], src, src_row < 0 ? 0 : 16);
+      cp_async16(&s.b.chunk[BTile<BN>::at(n, b_chunk)], src, src_row < 0 ? 0 : 16);
     }
   };
 
@@ -420,6 +472,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
       if (kt + 1 < k_tiles) load_sel(sel_next, kt + 1);
     }
     cp_async_wait<STAGES - 2>();
+    if constexpr (WGMMA) fence_proxy_async();
     __syncthreads();
     if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
     cp_async_commit();
@@ -451,15 +504,28 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
         e[h] = (unsigned)s.meta.half[mr * 8 + ks * 2 + (t & 1)] |
                ((unsigned)s.meta.half[(mr + 8) * 8 + ks * 2 + (t & 1)] << 16);
       }
+      if constexpr (WGMMA) {
+        wgmma_fence();
+        // k-step ks: inputs 32 ks.. of the stage, from byte 64 (ks % 2) of the rows of panel ks / 2 (row 0 is
+        // unswizzled, so its chunk 4 (ks % 2) is that address; the tensor cores apply the swizzle to the rest).
+        const unsigned long long desc = sw128_desc(&s.b.chunk[BTile<BN>::at(0, ks * 4)]);
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        unsigned b[4];
-        const int n = j * 8 + (lane & 7);
-        const int c = ks * 4 + (lane >> 3);
-        ldmatrix_x4(b, &s.b.chunk[n * 16 + (c ^ (n & 7))]);
+        for (int h = 0; h < MT; ++h) wgmma_sp_n64<T>(acc_even[h], a[h], desc, e[h]);
+      } else {
 #pragma unroll
-        for (int h = 0; h < MT; ++h) mma_sp<T>(acc_even[h][j], a[h], b, e[h]);
+        for (int j = 0; j < NT; ++j) {
+          unsigned b[4];
+          const int n = j * 8 + (lane & 7);
+          const int c = ks * 4 + (lane >> 3);
+          ldmatrix_x4(b, &s.b.chunk[BTile<BN>::at(n, c)]);
+#pragma unroll
+          for (int h = 0; h < MT; ++h) mma_sp<T>(acc_even[h][j], a[h], b, e[h]);
+        }
       }
+    }
+    if constexpr (WGMMA) {  // the stage's wgmmas finish before its shared memory is refilled or d is swapped
+      wgmma_commit();
+      wgmma_wait_all();
     }
   }
   cp_async_wait<0>();

@@ -66,9 +66,9 @@ def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
         raise SamoyedsError("samoyeds GPU kernels are compiled at first use with CuPy: pip install cupy-cuda13x "
                             "(or cupy-cuda12x to match your CUDA)") from None
     source = (resources.files("samoyeds_vllm.csrc") / "samoyeds_moe.cu").read_text()
-    names = [_gemm_name(ctype, samoyeds, segment, bn, gate_up, warps, slabs)
+    names = [_gemm_name(ctype, samoyeds, segment, bn, gate_up, warps, slabs, wgmma)
              for bn in (8, 16, 32, WIDE_BN) for gate_up in (True, False)
-             for warps, slabs in _tilings(bn, gate_up, samoyeds)]
+             for warps, slabs, wgmma in _tilings(bn, gate_up, samoyeds, arch == "sm_90a")]
     names += [ROUTING_KERNEL, "samoyeds::count_slots", "samoyeds::scatter_slots",
               f"samoyeds::silu_mul_splits<{ctype}>"]
     names += [_sum_slots_name(ctype, src, vec) for src in (ctype, "float") for vec in (1, SUM_VEC)]
@@ -92,12 +92,13 @@ def _function(dtype: torch.dtype, samoyeds: bool, segment: int, device: torch.de
     return _module(_CTYPES[dtype], samoyeds, segment, _arch(device)).get_function(name)
 
 
-def _gemm_name(ctype: str, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int, slabs: int) -> str:
+def _gemm_name(ctype: str, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int, slabs: int,
+               wgmma: bool) -> str:
     return (f"samoyeds::moe_gemm<{ctype}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gate_up).lower()}, "
-            f"{warps}, {slabs}>")
+            f"{warps}, {slabs}, {str(wgmma).lower()}>")
 
 
-def _tilings(bn: int, gate_up: bool, samoyeds: bool) -> list[tuple[int, int]]:
+def _tilings(bn: int, gate_up: bool, samoyeds: bool, hopper: bool) -> list[tuple[int, int, bool]]:
     """The (warps, slabs) block shapes compiled for a token tile, preferred first. A slab is 16 condensed rows per
     warp; GATE_UP always has two (gate and up), GEMM 2 stacks two on wide batches so each B fragment read from
     shared memory feeds two mma.sp, as in GATE_UP. Measured on an H100 (Qwen3 shape, T = 16384, µs of the whole
@@ -105,29 +106,31 @@ def _tilings(bn: int, gate_up: bool, samoyeds: bool) -> list[tuple[int, int]]:
     GEMM 1 8 x 2 3438 vs 4 x 2 3491 for samoyeds, 5214 vs 5000 for 2:4. Decode keeps small 4-warp blocks, so more
     of them fill the GPU."""
     if bn != WIDE_BN:
-        return [(4, 2 if gate_up else 1)]
+        return [(4, 2 if gate_up else 1, False)]
     if gate_up:
-        return [(8, 2), (4, 2)] if samoyeds else [(4, 2)]
-    return [(4, 2), (4, 1)]
+        shapes = [(8, 2), (4, 2)] if samoyeds else [(4, 2)]
+    else:
+        shapes = [(4, 2), (4, 1)]
+    return [(w, s, True) for w, s in shapes if hopper] + [(w, s, False) for w, s in shapes]
 
 
-def _tiling(bn: int, gate_up: bool, samoyeds: bool, rows: int) -> tuple[int, int, int]:
+def _tiling(bn: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int) -> tuple[int, int, bool, int]:
     """(warps, slabs, condensed rows per block) of the widest shape whose blocks divide the rows (GATE_UP: the
     rows of one half)."""
-    for warps, slabs in _tilings(bn, gate_up, samoyeds):
+    for warps, slabs, wgmma in _tilings(bn, gate_up, samoyeds, hopper):
         block_rows = 16 * warps * (1 if gate_up else slabs)
         if rows % block_rows == 0:
-            return warps, slabs, block_rows
+            return warps, slabs, wgmma, block_rows
     raise AssertionError(f"{rows} rows are not whole {BM}-row blocks (supports() admits only those)")
 
 
 @functools.cache
 def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int, slabs: int,
-            device: torch.device):
+            wgmma: bool, device: torch.device):
     kernel = _function(dtype, samoyeds, segment, device,
-                       _gemm_name(_CTYPES[dtype], samoyeds, segment, bn, gate_up, warps, slabs))
+                       _gemm_name(_CTYPES[dtype], samoyeds, segment, bn, gate_up, warps, slabs, wgmma))
     a_rows = 16 * warps * slabs
-    smem = STAGES * (a_rows * 128 + a_rows * 16 + bn * 256)
+    smem = STAGES * (a_rows * 128 + a_rows * 16 + bn * 256) + 1024  # + 1 KB to align the stages
     kernel.max_dynamic_shared_size_bytes = smem
     return kernel, smem
 
@@ -210,8 +213,9 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     weights = topk_weights.reshape(-1).float().contiguous()
     bn1 = bn2 = _token_tile(slots, num_experts)
     n1, n2 = _num_tiles(slots, num_experts, bn1), _num_tiles(slots, num_experts, bn2)
-    warps1, slabs1, block_rows1 = _tiling(bn1, True, samoyeds, r13 // 2)
-    warps2, slabs2, block_rows2 = _tiling(bn2, False, samoyeds, r2)
+    hopper = _arch(x.device) == "sm_90a"
+    warps1, slabs1, wgmma1, block_rows1 = _tiling(bn1, True, samoyeds, hopper, r13 // 2)
+    warps2, slabs2, wgmma2, block_rows2 = _tiling(bn2, False, samoyeds, hopper, r2)
     row_tiles1, row_tiles2 = r13 // 2 // block_rows1, r2 // block_rows2
     z1 = _splits(row_tiles1, slots, num_experts, bn1, hidden // BK, sms)
     z2 = _splits(row_tiles2, slots, num_experts, bn2, inter // BK, sms)
@@ -242,13 +246,13 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
         if chunks:
             _function(x.dtype, samoyeds, seg, x.device, "samoyeds::scatter_slots")(
                 (chunks,), (256,), (*route_args, _ptr(sorted_slot)))
-        gemms = ((True, bn1, warps1, slabs1, t1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1, r13,
-                  hidden, inter, row_tiles1),
-                 (False, bn2, warps2, slabs2, t2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter, hidden,
-                  row_tiles2))
-        for (gate_up, bn, warps, slabs, tiles, z, src, values, meta, rowsel, dst, partial, rows, k, n_out,
+        gemms = ((True, bn1, warps1, slabs1, wgmma1, t1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1,
+                  r13, hidden, inter, row_tiles1),
+                 (False, bn2, warps2, slabs2, wgmma2, t2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter,
+                  hidden, row_tiles2))
+        for (gate_up, bn, warps, slabs, wgmma, tiles, z, src, values, meta, rowsel, dst, partial, rows, k, n_out,
              row_tiles) in gemms:
-            kernel, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, warps, slabs, x.device)
+            kernel, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, warps, slabs, wgmma, x.device)
             kernel((row_tiles, tiles.shape[1], z), (32 * warps,),
                    (_ptr(src), _ptr(values), _ptr(meta), _ptr(rowsel), _ptr(dst), _ptr(partial if z > 1 else None),
                     _ptr(tiles[0]), _ptr(tiles[1]), _ptr(tiles[2]), _ptr(sorted_slot), _ptr(weights),
