@@ -116,6 +116,14 @@ __device__ __forceinline__ void wgmma_sp_n64<__half>(float (&d)[8][4], const uns
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving reads or writes of d across a wgmma fence / wait (it sees no dependency there).
+template <int N>
+__device__ __forceinline__ void wgmma_pin(float (&d)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
+}
 // cp.async wrote the tiles through the generic proxy; wgmma reads them through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -481,6 +489,12 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       if (SAMOYEDS && ks % SEG_STEPS == 0) {  // a segment starts: bring the kept rows' accumulators in place
+        if (WGMMA && ks > 0) {  // V < 128: the segment before, in this stage, must finish first
+          wgmma_commit();
+          wgmma_wait_all();
+#pragma unroll
+          for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
+        }
 #pragma unroll
         for (int h = 0; h < MT; ++h)
 #pragma unroll
@@ -505,6 +519,8 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
                ((unsigned)s.meta.half[(mr + 8) * 8 + ks * 2 + (t & 1)] << 16);
       }
       if constexpr (WGMMA) {
+#pragma unroll
+        for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
         wgmma_fence();
         // k-step ks: inputs 32 ks.. of the stage, from byte 64 (ks % 2) of the rows of panel ks / 2 (row 0 is
         // unswizzled, so its chunk 4 (ks % 2) is that address; the tensor cores apply the swizzle to the rest).
@@ -526,6 +542,8 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
     if constexpr (WGMMA) {  // the stage's wgmmas finish before its shared memory is refilled or d is swapped
       wgmma_commit();
       wgmma_wait_all();
+#pragma unroll
+      for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
     }
   }
   cp_async_wait<0>();

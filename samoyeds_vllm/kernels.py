@@ -99,19 +99,20 @@ def _gemm_name(ctype: str, samoyeds: bool, segment: int, bn: int, gate_up: bool,
 
 
 def _tilings(bn: int, gate_up: bool, samoyeds: bool, hopper: bool) -> list[tuple[int, int, bool]]:
-    """The (warps, slabs) block shapes compiled for a token tile, preferred first. A slab is 16 condensed rows per
-    warp; GATE_UP always has two (gate and up), GEMM 2 stacks two on wide batches so each B fragment read from
-    shared memory feeds two mma.sp, as in GATE_UP. Measured on an H100 (Qwen3 shape, T = 16384, µs of the whole
-    layer, benchmarks/compare_tilings.py): GEMM 2 4 warps x 2 slabs 3417, 8 x 2 3586, 4 x 1 4001 (samoyeds);
-    GEMM 1 8 x 2 3438 vs 4 x 2 3491 for samoyeds, 5214 vs 5000 for 2:4. Decode keeps small 4-warp blocks, so more
-    of them fill the GPU."""
+    """The (warps, slabs, wgmma) block shapes compiled for a token tile, preferred first. A slab is 16 condensed
+    rows per warp; GATE_UP always has two (gate and up), GEMM 2 stacks two on wide batches so each B fragment feeds
+    two MMAs, as in GATE_UP. Wide tiles on Hopper run wgmma.mma_async.sp. Measured on an H100 (Qwen3 shape,
+    T = 16384, µs of the whole layer, benchmarks/compare_tilings.py): wgmma GATE_UP 4 warps 2836 vs 8 warps 2896
+    (samoyeds); wgmma GEMM 2 2 slabs 2896 vs 1 slab 3569; mma.sp GEMM 2 2 slabs 3417 vs 1 slab 4001; mma.sp
+    GATE_UP 8 warps 3438 vs 4 warps 3491 for samoyeds, 5214 vs 5000 for 2:4. Decode keeps small 4-warp blocks, so
+    more of them fill the GPU."""
     if bn != WIDE_BN:
         return [(4, 2 if gate_up else 1, False)]
+    if hopper:
+        return [(4, 2, True)] if gate_up else [(4, 2, True), (4, 1, True)]
     if gate_up:
-        shapes = [(8, 2), (4, 2)] if samoyeds else [(4, 2)]
-    else:
-        shapes = [(4, 2), (4, 1)]
-    return [(w, s, True) for w, s in shapes if hopper] + [(w, s, False) for w, s in shapes]
+        return [(8, 2, False), (4, 2, False)] if samoyeds else [(4, 2, False)]
+    return [(4, 2, False), (4, 1, False)]
 
 
 def _tiling(bn: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int) -> tuple[int, int, bool, int]:

@@ -52,9 +52,20 @@ def test_largest_token_count(shape):
     check(preset_shape(shape), PATTERNS["samoyeds"], 16384, seed=5)
 
 
+@pytest.mark.parametrize("tokens", [100, 1024])  # narrow token tiles (mma.sp), wide ones (wgmma on Hopper)
 @pytest.mark.parametrize("segment", [32, 64])
-def test_other_segments_and_fp16(segment):
-    check(preset_shape("olmoe-1b-7b"), Pattern.parse("samoyeds", segment), 100, dtype=torch.float16, seed=2)
+def test_other_segments_and_fp16(segment, tokens):
+    check(preset_shape("olmoe-1b-7b"), Pattern.parse("samoyeds", segment), tokens, dtype=torch.float16, seed=2)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_mma_sp_wide_tiles(pattern, monkeypatch):
+    """The wide-tile mma.sp kernels that GPUs before Hopper run, here on any GPU (built for plain sm_XY)."""
+    from samoyeds_vllm import kernels
+
+    major, minor = torch.cuda.get_device_capability()
+    monkeypatch.setattr(kernels, "_arch", lambda device: f"sm_{major}{minor}")
+    check(preset_shape("qwen3-30b-a3b"), PATTERNS[pattern], 2048, seed=3)
 
 
 def test_fresh_inputs_every_run():
