@@ -1,4 +1,5 @@
-// Dual-side structured-sparse MoE expert GEMMs (sparse tensor cores, mma.sp, sm_80+).
+// Dual-side structured-sparse MoE expert GEMMs (sparse tensor cores: mma.sp on sm_80+, and wgmma.mma_async.sp for
+// wide token tiles on Hopper, sm_90a).
 //
 // One kernel template serves both GEMMs of an MoE layer:
 //   GATE_UP = true :  act[pos, :] = SiLU(W1_e x_t) * (W3_e x_t)      x_t read in place through the routing index
@@ -22,7 +23,8 @@
 //               the last one have tile_rows = 0 and exit at once, so the grid can be sized without knowing the
 //               routing; experts without tokens have no tiles and cost nothing.
 //   k loop:     BK = 128 dense inputs per stage, STAGES-deep cp.async pipeline into XOR-swizzled shared memory,
-//               ldmatrix into exactly the mma.sp fragments (the compressed A tile has the dense m16n8k16 layout).
+//               ldmatrix into exactly the mma.sp fragments (the compressed A tile has the dense m16n8k16 layout);
+//               with WGMMA the tensor cores read B from shared memory themselves (one wgmma per m tile and k-step).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -154,7 +156,8 @@ __device__ __forceinline__ void swap_if(bool swap, float& a, float& b) {
 
 // ------------------------------------------------------------------------------------ shared-memory tiles
 // A tile: rows x 64 compressed values (128 B = 8 chunks of 16 B); chunk c of row r lives at c ^ (r & 7), so the
-// 8 rows one ldmatrix reads fall in 8 different bank groups. B tile: BN tokens x 128 inputs (16 chunks), same XOR.
+// 8 rows one ldmatrix reads fall in 8 different bank groups. B tile: BN tokens x 128 inputs in two 64-input panels
+// (BTile::at), the same XOR inside each panel.
 // Meta tile: rows x 8 halfwords (the metadata of 128 dense inputs), unswizzled (read as scalars).
 
 template <int ROWS> struct ATile { uint4 chunk[ROWS * 8]; };

@@ -28,7 +28,7 @@ import torch
 from .errors import SamoyedsError
 
 BM = 64  # condensed weight rows of a 4-warp slab (csrc: WARPS * 16); wide token tiles take larger blocks
-WIDE_BN = 64  # token tiles this wide use 8-warp blocks (GEMM 2: two stacked slabs) when the rows allow
+WIDE_BN = 64  # token tiles this wide take the larger block shapes of _tilings (wgmma on Hopper)
 MAX_SPLITS = 8  # split-K factor cap
 BK = 128  # dense inputs per pipeline stage
 STAGES = 3
@@ -119,8 +119,8 @@ def _tilings(bn: int, gate_up: bool, samoyeds: bool, hopper: bool) -> list[tuple
 
 
 def _tiling(bn: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int) -> tuple[int, int, bool, int]:
-    """(warps, slabs, condensed rows per block) of the widest shape whose blocks divide the rows (GATE_UP: the
-    rows of one half)."""
+    """(warps, slabs, wgmma, condensed rows per block) of the first shape in _tilings whose blocks divide the rows
+    (GATE_UP: the rows of one half)."""
     for warps, slabs, wgmma in _tilings(bn, gate_up, samoyeds, hopper):
         block_rows = 16 * warps * (1 if gate_up else slabs)
         if rows % block_rows == 0:
