@@ -274,6 +274,17 @@ __device__ void for_each_slot(const long long* __restrict__ topk_ids, int begin,
   }
 }
 
+// Per-expert slot counts (shared-memory counters) and each slot's sorted position (cursor: the next free
+// position of each expert), over the slots [begin, end) a block takes.
+__device__ void count_slots_into(const long long* __restrict__ topk_ids, int begin, int end, int E, int* counts) {
+  for_each_slot(topk_ids, begin, end, E, [counts](int, int e) { atomicAdd(&counts[e], 1); });
+}
+__device__ void place_slots(const long long* __restrict__ topk_ids, int begin, int end, int E, int* cursor,
+                            int* __restrict__ sorted_slot) {
+  for_each_slot(topk_ids, begin, end, E,
+                [cursor, sorted_slot](int s, int e) { sorted_slot[atomicAdd(&cursor[e], 1)] = s; });
+}
+
 // Large batches: one block's shared-memory atomics on E counters cap the index at about one slot per clock (ncu,
 // H100, 131,072 slots: 144 µs), so the counting and the scatter run over many blocks, each taking a chunk of
 // `chunk` slots: count_slots writes each chunk's per-expert counts, build_routing_index turns them into each
@@ -284,8 +295,7 @@ __global__ void __launch_bounds__(256) count_slots(const long long* __restrict__
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   const int begin = blockIdx.x * chunk, end = min(begin + chunk, slots);
-  int* count = counts;
-  for_each_slot(topk_ids, begin, end, E, [count](int, int e) { atomicAdd(&count[e], 1); });
+  count_slots_into(topk_ids, begin, end, E, counts);
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) chunk_counts[(size_t)blockIdx.x * E + e] = counts[e];
 }
@@ -297,9 +307,7 @@ __global__ void __launch_bounds__(256) scatter_slots(const long long* __restrict
   for (int e = threadIdx.x; e < E; e += blockDim.x) cursor[e] = chunk_first[(size_t)blockIdx.x * E + e];
   __syncthreads();
   const int begin = blockIdx.x * chunk, end = min(begin + chunk, slots);
-  int* next = cursor;
-  for_each_slot(topk_ids, begin, end, E,
-                [next, sorted_slot](int s, int e) { sorted_slot[atomicAdd(&next[e], 1)] = s; });
+  place_slots(topk_ids, begin, end, E, cursor, sorted_slot);
 }
 
 // chunks = 0: counts and scatters the slots itself (decode and small batches: one launch). chunks > 0: sums the
@@ -320,8 +328,7 @@ __global__ void __launch_bounds__(1024, 1) build_routing_index(
     counts[e] = total;
   }
   __syncthreads();
-  int* count = counts;
-  if (chunks == 0) for_each_slot(topk_ids, 0, slots, E, [count](int, int e) { atomicAdd(&count[e], 1); });
+  if (chunks == 0) count_slots_into(topk_ids, 0, slots, E, counts);
   __syncthreads();
   int total;
   const int e = threadIdx.x;
@@ -329,9 +336,7 @@ __global__ void __launch_bounds__(1024, 1) build_routing_index(
   if (e < E) first[e] = cursor[e] = start;
   __syncthreads();
   if (chunks == 0) {
-    int* next = cursor;
-    for_each_slot(topk_ids, 0, slots, E,
-                  [next, sorted_slot](int s, int ex) { sorted_slot[atomicAdd(&next[ex], 1)] = s; });
+    place_slots(topk_ids, 0, slots, E, cursor, sorted_slot);
   } else if (e < E) {
     int position = first[e];
     for (int c = 0; c < chunks; ++c) {
@@ -474,6 +479,12 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   SelWord sel_next[MT][2] = {};
   bool swapped[MT][2] = {};
   if (SAMOYEDS && k_tiles > 0) load_sel(sel_next, 0);
+  auto wgmma_drain = [&]() {  // the issued wgmmas finish and their accumulators are read only after that
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
+  };
 
   for (int kt = 0; kt < k_tiles; ++kt) {
     SelWord sel[MT][2];
@@ -492,12 +503,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       if (SAMOYEDS && ks % SEG_STEPS == 0) {  // a segment starts: bring the kept rows' accumulators in place
-        if (WGMMA && ks > 0) {  // V < 128: the segment before, in this stage, must finish first
-          wgmma_commit();
-          wgmma_wait_all();
-#pragma unroll
-          for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
-        }
+        if (WGMMA && ks > 0) wgmma_drain();  // V < 128: the segment before, in this stage, must finish first
 #pragma unroll
         for (int h = 0; h < MT; ++h)
 #pragma unroll
@@ -542,12 +548,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
         }
       }
     }
-    if constexpr (WGMMA) {  // the stage's wgmmas finish before its shared memory is refilled or d is swapped
-      wgmma_commit();
-      wgmma_wait_all();
-#pragma unroll
-      for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
-    }
+    if constexpr (WGMMA) wgmma_drain();  // before the stage's shared memory is refilled or d is swapped
   }
   cp_async_wait<0>();
   if constexpr (SAMOYEDS) {  // undo the last segment's swaps

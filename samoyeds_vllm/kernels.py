@@ -84,7 +84,9 @@ def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
     return module
 
 
+@functools.cache
 def _arch(device: torch.device) -> str:
+    """The NVRTC target of a GPU (sm_90a on Hopper, for wgmma); asked on every forward, so looked up once."""
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm_{major}{minor}" + ("a" if major == 9 else "")
 
