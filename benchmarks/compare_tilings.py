@@ -32,17 +32,17 @@ def main() -> None:
         problem = make_problem(shape, pattern, tokens, seed=tokens)
         ref = reference_moe(problem)
         cells = []
-        for warps, slabs, wgmma in variants:
+        for warps, slabs, kind in variants:
             block_rows = 16 * warps * (1 if gate_up else slabs)
 
-            def forced(bn, is_gate_up, samoyeds, hopper, rows, _shape=(warps, slabs, wgmma, block_rows)):
+            def forced(bn, is_gate_up, samoyeds, hopper, rows, _shape=(warps, slabs, kind, block_rows)):
                 if is_gate_up != gate_up or bn != kernels.WIDE_BN or rows % _shape[3]:
                     return default_tiling(bn, is_gate_up, samoyeds, hopper, rows)
                 return _shape
             kernels._tiling = forced
             fn = ours(problem, pattern)
             err = relative_error(fn(), ref)
-            name = f"{warps}x{slabs}{' wgmma' if wgmma else ''}"
+            name = f"{warps}x{slabs} {kind}"
             assert err < 1e-2, f"{name}: relative error {err}"
             cells.append(f"{name} {time_cuda_graph(fn):8.1f} (err {err:.1e})")
         kernels._tiling = default_tiling

@@ -115,6 +115,36 @@ __device__ __forceinline__ void wgmma_sp_n64<__half>(float (&d)[8][4], const uns
 }
 #undef SAMOYEDS_WGMMA_SP_N64
 
+// The same with A (64 rows x 16 compressed values) also read from shared memory through a descriptor, for the
+// warp-specialised kernel: no A registers, so nothing but d and e is tied to an instruction in flight.
+#define SAMOYEDS_WGMMA_SP_N64_SS(TYPE)                                                                          \
+  asm volatile(                                                                                                 \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                               \
+      "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32." TYPE "." TYPE " "                                         \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"  \
+      "%28,%29,%30,%31}, %32, %33, %34, 0, p, 1, 1, 0, 0;\n}\n"                                                 \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])                                               \
+      : "l"(a_desc), "l"(b_desc), "r"(e))
+
+template <typename T>
+__device__ __forceinline__ void wgmma_sp_n64_ss(float (&d)[8][4], unsigned long long a_desc,
+                                                unsigned long long b_desc, unsigned e);
+template <>
+__device__ __forceinline__ void wgmma_sp_n64_ss<__nv_bfloat16>(float (&d)[8][4], unsigned long long a_desc,
+                                                               unsigned long long b_desc, unsigned e) {
+  SAMOYEDS_WGMMA_SP_N64_SS("bf16");
+}
+template <>
+__device__ __forceinline__ void wgmma_sp_n64_ss<__half>(float (&d)[8][4], unsigned long long a_desc,
+                                                        unsigned long long b_desc, unsigned e) {
+  SAMOYEDS_WGMMA_SP_N64_SS("f16");
+}
+#undef SAMOYEDS_WGMMA_SP_N64_SS
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
@@ -128,6 +158,26 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[N][4]) {
 }
 // cp.async wrote the tiles through the generic proxy; wgmma reads them through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// mbarriers (shared memory, CTA scope): the stage hand-over between the producer and the consumer warpgroups.
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Waits until the phase with this parity has completed (phases alternate 0, 1, 0, ... from the init).
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Moves registers between the warpgroups of a block (sm_90a): the copying warpgroup needs few, the MMA ones many.
+template <int N> __device__ __forceinline__ void regs_shrink() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void regs_grow() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
 // Descriptor of a K-major, 128-byte-swizzled B operand starting at p: rows 128 B apart, 8-row atoms 1 KB apart.
 __device__ __forceinline__ unsigned long long sw128_desc(const void* p) {
@@ -152,6 +202,46 @@ __device__ __forceinline__ void swap_if(bool swap, float& a, float& b) {
   const float first = swap ? b : a;
   b = swap ? a : b;
   a = first;
+}
+
+// The samoyeds fold (see the header): before segment `seg` of a stage, swap a pair's accumulators where the kept
+// row differs from the previous segment's. sel[h][r]: the rowsel bytes of the stage for rows g (r = 0) and g + 8
+// (r = 1) of m tile h; swapped: the current state.
+template <int MT, int NT, typename SelWord>
+__device__ __forceinline__ void fold_segment(float (&even)[MT][NT][4], float (&odd)[MT][NT][4],
+                                             const SelWord (&sel)[MT][2], bool (&swapped)[MT][2], int seg) {
+#pragma unroll
+  for (int h = 0; h < MT; ++h)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const bool kept_odd = ((sel[h][r] >> (8 * seg)) & 0xff) != 0;
+      const bool flip = kept_odd != swapped[h][r];
+      swapped[h][r] = kept_odd;
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 2 * r; i < 2 * r + 2; ++i) swap_if(flip, even[h][j][i], odd[h][j][i]);
+    }
+}
+// After the last segment: every accumulator back at its own row.
+template <int MT, int NT>
+__device__ __forceinline__ void unfold(float (&even)[MT][NT][4], float (&odd)[MT][NT][4], const bool (&swapped)[MT][2]) {
+#pragma unroll
+  for (int h = 0; h < MT; ++h)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) swap_if(swapped[h][i >> 1], even[h][j][i], odd[h][j][i]);
+}
+// The rowsel bytes of stage kt for rows g and g + 8 of each m tile; row[h] points at row g's bytes of the first
+// stage the block takes.
+template <int MT, int SEGS, typename SelWord>
+__device__ __forceinline__ void load_sel(SelWord (&sel)[MT][2], const uint8_t* const (&row)[MT], int n_seg, int kt) {
+#pragma unroll
+  for (int h = 0; h < MT; ++h)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      sel[h][r] = *reinterpret_cast<const SelWord*>(row[h] + (size_t)8 * r * n_seg + (size_t)kt * SEGS);
 }
 
 // ------------------------------------------------------------------------------------ shared-memory tiles
@@ -349,6 +439,74 @@ __global__ void __launch_bounds__(1024, 1) build_routing_index(
   write_tiles({t2_expert, t2_start, t2_rows, bn2, n2}, counts, tile_end, warp_sums, first, E);
 }
 
+// ------------------------------------------------------------------------------------------- GEMM epilogue
+
+// Writes one warp's accumulators: acc[h][j][i] is condensed row crow[h] + g + 8 (i / 2) of m tile h (for GATE_UP
+// a row of the gate half, h = 0 gate, 1 up) and tile column 8 j + 2 t + i % 2; samoyeds: even / odd are output rows
+// 2 crow and 2 crow + 1. GATE_UP: act = SiLU(gate) * up by sorted position; else the routing-weighted row by
+// original slot. With split-K (gridDim.z > 1) the raw fp32 sums go to `partial` and the split epilogues finish.
+template <typename T, bool SAMOYEDS, bool GATE_UP, int MT, int NT>
+__device__ __forceinline__ void store_tile(const float (&even)[MT][NT][4], const float (&odd)[MT][NT][4],
+                                           const int (&crow)[MT], int lane, int n_rows, int first,
+                                           const int* __restrict__ sorted_slot,
+                                           const float* __restrict__ slot_weight, T* __restrict__ out,
+                                           float* __restrict__ partial, int N_out, int slots) {
+  const int g = lane >> 2, t = lane & 3;
+  const bool split = gridDim.z > 1;
+  auto out_col = [&](int h, int i) {  // output column of even[h][.][i] (odd: the next one, samoyeds)
+    const int row = crow[h] + g + (i >> 1) * 8;
+    return (GATE_UP ? h * N_out : 0) + (SAMOYEDS ? 2 * row : row);
+  };
+  // The slot and routing weight of each of the thread's 2 NT columns, all loads issued before any is used (in
+  // the store loop each was a dependent pair of global loads per column: ncu put ~45% of GEMM 2's time there).
+  int slot_of[NT][2];
+  float weight_of[NT][2];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int n = j * 8 + 2 * t + c;
+      slot_of[j][c] = n >= n_rows ? -1 : GATE_UP ? first + n : sorted_slot[first + n];
+    }
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) weight_of[j][c] = GATE_UP || slot_of[j][c] < 0 ? 1.0f : slot_weight[slot_of[j][c]];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (slot_of[j][i & 1] < 0) continue;
+      const size_t slot = (size_t)slot_of[j][i & 1];
+      const float w = weight_of[j][i & 1];
+      if (split) {  // raw partial sums; the reduction kernels below finish the epilogue
+        float* dst = partial + ((size_t)blockIdx.z * slots + slot) * (GATE_UP ? 2 * (size_t)N_out : (size_t)N_out);
+#pragma unroll
+        for (int h = 0; h < MT; ++h) {
+          if (SAMOYEDS) {
+            *reinterpret_cast<float2*>(dst + out_col(h, i)) = make_float2(w * even[h][j][i], w * odd[h][j][i]);
+          } else {
+            dst[out_col(h, i)] = w * even[h][j][i];
+          }
+        }
+        continue;
+      }
+      T* dst = out + slot * N_out;
+      if (GATE_UP) {
+        const float act_even = silu(even[0][j][i]) * even[1][j][i];
+        if (SAMOYEDS) store_pair(dst + out_col(0, i), act_even, silu(odd[0][j][i]) * odd[1][j][i]);
+        else dst[out_col(0, i)] = from_float<T>(act_even);
+      } else {
+#pragma unroll
+        for (int h = 0; h < MT; ++h) {
+          if (SAMOYEDS) store_pair(dst + out_col(h, i), w * even[h][j][i], w * odd[h][j][i]);
+          else dst[out_col(h, i)] = from_float<T>(w * even[h][j][i]);
+        }
+      }
+    }
+  }
+}
+
 // --------------------------------------------------------------------------------------------- the kernel
 
 // A block has WARPS = 4 or 8 warps; each warp owns MT m16 tiles of weight rows (the same 16 rows of gate and of up
@@ -466,19 +624,15 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   // row differs from the previous segment's costs one conditional swap. The row selections of the next stage are
   // loaded one stage ahead into registers, out of the way of the mma loop.
   const int n_seg = K / V;
-  const uint8_t* sel_src = SAMOYEDS ? rowsel + (expert_rows + row0 + wrow0 + g) * n_seg + (size_t)kt_begin * SEGS
-                                    : nullptr;
-  auto load_sel = [&](SelWord (&sel)[MT][2], int kt) {
+  const uint8_t* sel_row[MT];
 #pragma unroll
-    for (int h = 0; h < MT; ++h)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        sel[h][r] = *reinterpret_cast<const SelWord*>(
-            sel_src + ((size_t)h * slab_rows + 8 * r) * n_seg + (size_t)kt * SEGS);
-  };
+  for (int h = 0; h < MT; ++h)
+    sel_row[h] = SAMOYEDS ? rowsel + (expert_rows + row0 + (size_t)h * slab_rows + wrow0 + g) * n_seg +
+                                (size_t)kt_begin * SEGS
+                          : nullptr;
   SelWord sel_next[MT][2] = {};
   bool swapped[MT][2] = {};
-  if (SAMOYEDS && k_tiles > 0) load_sel(sel_next, 0);
+  if (SAMOYEDS && k_tiles > 0) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, 0);
   auto wgmma_drain = [&]() {  // the issued wgmmas finish and their accumulators are read only after that
     wgmma_commit();
     wgmma_wait_all();
@@ -491,7 +645,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
     if constexpr (SAMOYEDS) {
 #pragma unroll
       for (int h = 0; h < MT; ++h) sel[h][0] = sel_next[h][0], sel[h][1] = sel_next[h][1];
-      if (kt + 1 < k_tiles) load_sel(sel_next, kt + 1);
+      if (kt + 1 < k_tiles) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, kt + 1);
     }
     cp_async_wait<STAGES - 2>();
     if constexpr (WGMMA) fence_proxy_async();
@@ -504,18 +658,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
     for (int ks = 0; ks < 4; ++ks) {
       if (SAMOYEDS && ks % SEG_STEPS == 0) {  // a segment starts: bring the kept rows' accumulators in place
         if (WGMMA && ks > 0) wgmma_drain();  // V < 128: the segment before, in this stage, must finish first
-#pragma unroll
-        for (int h = 0; h < MT; ++h)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const bool odd = ((sel[h][r] >> (8 * (ks / SEG_STEPS))) & 0xff) != 0;
-            const bool flip = odd != swapped[h][r];
-            swapped[h][r] = odd;
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-              for (int i = 2 * r; i < 2 * r + 2; ++i) swap_if(flip, acc_even[h][j][i], acc_odd[h][j][i]);
-          }
+        fold_segment(acc_even, acc_odd, sel, swapped, ks / SEG_STEPS);
       }
       unsigned a[MT][4], e[MT];
 #pragma unroll
@@ -551,54 +694,223 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
     if constexpr (WGMMA) wgmma_drain();  // before the stage's shared memory is refilled or d is swapped
   }
   cp_async_wait<0>();
-  if constexpr (SAMOYEDS) {  // undo the last segment's swaps
+  if constexpr (SAMOYEDS) unfold(acc_even, acc_odd, swapped);
+  int crow[MT];
 #pragma unroll
-    for (int h = 0; h < MT; ++h)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) swap_if(swapped[h][i >> 1], acc_even[h][j][i], acc_odd[h][j][i]);
-  }
+  for (int h = 0; h < MT; ++h) crow[h] = row0 + (GATE_UP ? 0 : h * BM) + wrow0;
+  store_tile<T, SAMOYEDS, GATE_UP>(acc_even, acc_odd, crow, lane, n_rows, first, sorted_slot, slot_weight, out,
+                                   partial, N_out, slots);
+}
 
-  // Epilogue. Thread holds rows (g, g+8) of each m tile x tile columns (2t, 2t+1) of each n8 tile.
-  const bool split = gridDim.z > 1;
-  auto out_col = [&](int h, int i) {  // output column of acc_even[h][.][i] (acc_odd: the next one, samoyeds)
-    const int crow = row0 + (GATE_UP ? 0 : h * BM) + wrow0 + g + (i >> 1) * 8;  // condensed row
-    return (GATE_UP ? h * N_out : 0) + (SAMOYEDS ? 2 * crow : crow);
+// ------------------------------------------------------------------------- warp-specialised kernel (sm_90a)
+
+// Wide token tiles on Hopper. Warpgroup 0 copies (cp.async: the weight tiles, and the tokens gathered through the
+// routing index), two MMA warpgroups multiply: each owns MT = 2 m64 tiles of condensed weight rows (the same 64
+// rows of gate and of up for GATE_UP, two stacked 64-row slabs for GEMM 2) and shares the block's 64-token B tile.
+// Stages pass between them through mbarriers (full: the copies landed; empty: the wgmmas that read a stage are
+// done), so the copies of later stages run while the tensor cores work, and the two MMA warpgroups overlap one's
+// fold and drain with the other's wgmmas. A and B are both read by the tensor cores from the 128-byte-swizzled
+// tiles through descriptors; only the metadata passes through registers. The blocks are persistent (one per SM),
+// so the copier fills the next work item's stages while the MMA warpgroups run an epilogue.
+namespace ws {
+constexpr int CONSUMERS = 2;             // MMA warpgroups per block
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int STAGES = 4;                // 4 x 52 KB of shared memory: one block per SM
+constexpr int LAG = STAGES - 2;          // the copier hands a stage over once the LAG stages after it are issued
+// Registers per thread after setmaxnreg: the block's launch allocation (384 threads x the launch-bounds cap of
+// 168) split between the roles; ptxas spills least with these (nvcc 13.0).
+constexpr int COPY_REGS = 64;
+constexpr int MMA_REGS = 216;
+}  // namespace ws
+
+template <typename T, bool SAMOYEDS, int V, bool GATE_UP>
+__global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
+    const T* __restrict__ x, const T* __restrict__ values, const int16_t* __restrict__ meta,
+    const uint8_t* __restrict__ rowsel, T* __restrict__ out, float* __restrict__ partial,
+    const int* __restrict__ tile_expert, const int* __restrict__ tile_start, const int* __restrict__ tile_rows,
+    const int* __restrict__ sorted_slot, const float* __restrict__ slot_weight, int R, int K, int top_k, int N_out,
+    int slots,            // the arguments of moe_gemm, then:
+    int row_blocks,       // blocks of 128 condensed rows (per half for GATE_UP)
+    int num_tiles) {      // token tiles in the tile map
+  using ws::CONSUMERS;
+  constexpr int BN = 64, MT = 2, NT = BN / 8, SLAB = 64;
+  constexpr int SLABS = CONSUMERS * MT;
+  constexpr int A_ROWS = SLABS * SLAB;
+  constexpr int STAGES_WS = ws::STAGES;
+  constexpr int SEGS = BK / V, SEG_STEPS = V / 32;
+  using StageT = Stage<BN, A_ROWS>;
+  using SelWord = typename SelWordOf<SEGS>::type;
+  static_assert(BK % V == 0 && V % 32 == 0, "a segment is whole k-steps of one stage");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  StageT* stages = reinterpret_cast<StageT*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  __shared__ unsigned long long full[STAGES_WS], empty[STAGES_WS];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES_WS; ++s) {
+      mbar_init(&full[s], 128);
+      mbar_init(&empty[s], 128 * CONSUMERS);
+    }
+  }
+  __syncthreads();
+
+  const int half_rows = GATE_UP ? R / 2 : R;
+  const int k_total = K / BK;
+  const int kt_begin = (int)((long long)k_total * blockIdx.z / gridDim.z);
+  const int k_tiles = (int)((long long)k_total * (blockIdx.z + 1) / gridDim.z) - kt_begin;
+  // Persistent blocks: work item w = (token tile w / row_blocks, row block w % row_blocks), so the blocks running
+  // at one time share token tiles (B) and experts (A) in L2. Both roles walk the same items and skip the empty
+  // tiles, and count stages over all their items: the copier runs ahead into the next item during an epilogue.
+  const int items = row_blocks * num_tiles;
+  // Slab q = consumer * MT + h of row block rb: its first condensed row in the expert (GATE_UP: h = 1 is up).
+  auto slab_row = [&](int rb, int q) {
+    const int row0 = rb * CONSUMERS * (GATE_UP ? SLAB : MT * SLAB);
+    return GATE_UP ? row0 + (q / MT) * SLAB + (q % MT) * half_rows : row0 + q * SLAB;
   };
+
+  if (warp < 4) {  // ---- the copier warpgroup
+    regs_shrink<ws::COPY_REGS>();
+    // A: chunk tid % 8 of rows tid / 8 + 16 j (j < 4) of every slab; the XOR swizzle (row & 7) is the same for all.
+    // meta: one 16-byte chunk per row and stage, rows tid + 128 i. B: chunk tid % 16 of token columns
+    // tid / 16 + 8 j (j < 8), gathered through the routing index.
+    const int a_row = tid >> 3, a_chunk = tid & 7, b_col = tid >> 4, b_chunk = tid & 15;
+    const int a_dst = a_row * 8 + (a_chunk ^ (a_row & 7));
+    int stage = 0, ready = 0;  // stages issued, and handed over, over all items
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+      const int tile = w / row_blocks, rb = w % row_blocks;
+      const int n_rows = tile_rows[tile];
+      if (n_rows == 0) continue;
+      const size_t expert_rows = (size_t)tile_expert[tile] * R;
+      const int first = tile_start[tile];
+      // One base address each for A and meta; the slabs sit at fixed row offsets from the first (few registers
+      // here: the copier runs on COPY_REGS).
+      const T* a_src = values + (expert_rows + slab_row(rb, 0) + a_row) * (K / 2) + (size_t)kt_begin * (BK / 2) +
+                       a_chunk * 8;
+      const int16_t* m_src = meta + (expert_rows + slab_row(rb, tid / SLAB) + tid % SLAB) * (K / 16) +
+                             (size_t)kt_begin * (BK / 16);
+      auto slab_offset = [&](int q) { return slab_row(rb, q) - slab_row(rb, 0); };
+      int token_row[BN / 8];  // row of x for each of the thread's token columns (-1: padding)
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
+      for (int j = 0; j < BN / 8; ++j) {
+        const int n = b_col + 8 * j;
+        token_row[j] = n < n_rows ? (GATE_UP ? sorted_slot[first + n] / top_k : first + n) : -1;
+      }
+      for (int kt = 0; kt < k_tiles; ++kt, ++stage) {
+        const int slot = stage % STAGES_WS;
+        if (stage >= STAGES_WS) mbar_wait(&empty[slot], (stage / STAGES_WS - 1) & 1);
+        StageT& s = stages[slot];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int n = j * 8 + 2 * t + (i & 1);
-      if (n >= n_rows) continue;
-      const int pos = first + n;
-      const size_t slot = GATE_UP ? (size_t)pos : (size_t)sorted_slot[pos];
-      const float w = GATE_UP ? 1.0f : slot_weight[slot];
-      if (split) {  // raw partial sums; the reduction kernels below finish the epilogue
-        float* dst = partial + ((size_t)blockIdx.z * slots + slot) * (GATE_UP ? 2 * (size_t)N_out : (size_t)N_out);
+        for (int q = 0; q < SLABS; ++q)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            cp_async16(&s.a.chunk[a_dst + (q * SLAB + 16 * j) * 8],
+                       a_src + (slab_offset(q) + 16 * j) * (K / 2) + kt * (BK / 2), 16);
+#pragma unroll
+        for (int i = 0; i < A_ROWS / 128; ++i)  // row tid + 128 i: slab tid / 64 + 2 i
+          cp_async16(&s.meta.half[(tid + 128 * i) * 8],
+                     m_src + (slab_offset(tid / SLAB + 2 * i) - slab_offset(tid / SLAB)) * (K / 16) + kt * (BK / 16), 16);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int src_row = token_row[j];
+          const T* src = x + (size_t)(src_row < 0 ? 0 : src_row) * K + (size_t)(kt_begin + kt) * BK + b_chunk * 8;
+          cp_async16(&s.b.chunk[BTile<BN>::at(b_col + 8 * j, b_chunk)], src, src_row < 0 ? 0 : 16);
+        }
+        cp_async_commit();
+        // Stage `ready` is handed over once its copies landed (cp.async.wait_group) and were fenced for the
+        // async proxy, by every copying thread; meanwhile the LAG stages after it are in flight.
+        if (stage - ready == ws::LAG) {
+          cp_async_wait<ws::LAG>();
+          fence_proxy_async();
+          mbar_arrive(&full[ready % STAGES_WS]);
+          ++ready;
+        }
+      }
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();
+    for (; ready < stage; ++ready) mbar_arrive(&full[ready % STAGES_WS]);
+  } else {  // ---- an MMA warpgroup
+    regs_grow<ws::MMA_REGS>();
+    const int consumer = warp / 4 - 1, wrow0 = (warp & 3) * 16;
+    const int g = lane >> 2, t = lane & 3;
+    const int n_seg = K / V;
+    int stage = 0;
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+      const int tile = w / row_blocks, rb = w % row_blocks;
+      const int n_rows = tile_rows[tile];
+      if (n_rows == 0) continue;
+      const size_t expert_rows = (size_t)tile_expert[tile] * R;
+      float acc_even[MT][NT][4] = {};
+      float acc_odd[MT][NT][4] = {};  // samoyeds only (the fold in the header)
+      const uint8_t* sel_row[MT];
+#pragma unroll
+      for (int h = 0; h < MT; ++h)
+        sel_row[h] = SAMOYEDS ? rowsel + (expert_rows + slab_row(rb, consumer * MT + h) + wrow0 + g) * n_seg +
+                                    (size_t)kt_begin * SEGS
+                              : nullptr;
+      SelWord sel_next[MT][2] = {};
+      bool swapped[MT][2] = {};
+      if (SAMOYEDS && k_tiles > 0) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, 0);
+      auto drain = [&]() {
+        wgmma_commit();
+        wgmma_wait_all();
+#pragma unroll
+        for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
+      };
+
+      for (int kt = 0; kt < k_tiles; ++kt, ++stage) {
+        const int slot = stage % STAGES_WS;
+        SelWord sel[MT][2];
+        if constexpr (SAMOYEDS) {
+#pragma unroll
+          for (int h = 0; h < MT; ++h) sel[h][0] = sel_next[h][0], sel[h][1] = sel_next[h][1];
+          if (kt + 1 < k_tiles) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, kt + 1);
+        }
+        mbar_wait(&full[slot], (stage / STAGES_WS) & 1);
+        const StageT& s = stages[slot];
+        // Metadata of the warp's rows g and g + 8 for the stage's 4 k-steps: one 16-byte row each, and k-step ks
+        // takes halfword 2 ks + (t & 1) of both (lanes 4g, 4g + 1 carry inputs 0-15 and 16-31 of the step).
+        unsigned e[MT][4];
 #pragma unroll
         for (int h = 0; h < MT; ++h) {
-          if (SAMOYEDS) {
-            *reinterpret_cast<float2*>(dst + out_col(h, i)) = make_float2(w * acc_even[h][j][i], w * acc_odd[h][j][i]);
-          } else {
-            dst[out_col(h, i)] = w * acc_even[h][j][i];
+          const int mr = (consumer * MT + h) * SLAB + wrow0 + g;
+          const uint4 lo = *reinterpret_cast<const uint4*>(&s.meta.half[mr * 8]);
+          const uint4 hi = *reinterpret_cast<const uint4*>(&s.meta.half[(mr + 8) * 8]);
+          const unsigned pick = (t & 1) ? 0x7632 : 0x5410;
+          e[h][0] = __byte_perm(lo.x, hi.x, pick);
+          e[h][1] = __byte_perm(lo.y, hi.y, pick);
+          e[h][2] = __byte_perm(lo.z, hi.z, pick);
+          e[h][3] = __byte_perm(lo.w, hi.w, pick);
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          if (ks % SEG_STEPS == 0) {  // a segment starts (2:4: the stage)
+            if constexpr (SAMOYEDS) {
+              if (ks > 0) drain();  // V < 128: the segment before, in this stage, must finish first
+              fold_segment(acc_even, acc_odd, sel, swapped, ks / SEG_STEPS);
+            }
+#pragma unroll
+            for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
+            wgmma_fence();
           }
-        }
-        continue;
-      }
-      T* dst = out + slot * N_out;
-      if (GATE_UP) {
-        const float even = silu(acc_even[0][j][i]) * acc_even[1][j][i];
-        if (SAMOYEDS) store_pair(dst + out_col(0, i), even, silu(acc_odd[0][j][i]) * acc_odd[1][j][i]);
-        else dst[out_col(0, i)] = from_float<T>(even);
-      } else {
+          // k-step ks: 16 compressed values (32 B) into each A row, 32 inputs (64 B) into the B rows of panel
+          // ks / 2; row 0 of each tile is unswizzled, so those are the start addresses.
+          const unsigned long long b_desc = sw128_desc(&s.b.chunk[BTile<BN>::at(0, ks * 4)]);
 #pragma unroll
-        for (int h = 0; h < MT; ++h) {
-          if (SAMOYEDS) store_pair(dst + out_col(h, i), w * acc_even[h][j][i], w * acc_odd[h][j][i]);
-          else dst[out_col(h, i)] = from_float<T>(w * acc_even[h][j][i]);
+          for (int h = 0; h < MT; ++h)
+            wgmma_sp_n64_ss<T>(acc_even[h], sw128_desc(&s.a.chunk[(consumer * MT + h) * SLAB * 8 + ks * 2]),
+                               b_desc, e[h][ks]);
         }
+        drain();
+        mbar_arrive(&empty[slot]);
       }
+      if constexpr (SAMOYEDS) unfold(acc_even, acc_odd, swapped);
+      int crow[MT];
+#pragma unroll
+      for (int h = 0; h < MT; ++h) crow[h] = slab_row(rb, consumer * MT + (GATE_UP ? 0 : h)) + wrow0;
+      store_tile<T, SAMOYEDS, GATE_UP>(acc_even, acc_odd, crow, lane, n_rows, tile_start[tile], sorted_slot,
+                                       slot_weight, out, partial, N_out, slots);
     }
   }
 }

@@ -32,6 +32,7 @@ WIDE_BN = 64  # token tiles this wide take the larger block shapes of _tilings (
 MAX_SPLITS = 8  # split-K factor cap
 BK = 128  # dense inputs per pipeline stage
 STAGES = 3
+WS_STAGES = 4  # pipeline depth of the warp-specialised Hopper kernel (csrc: ws::STAGES; one block per SM)
 SUM_VEC = 8  # elements per thread of the slot sum for large batches (16 bytes of bf16 / fp16)
 MAX_EXPERTS = 1024  # csrc: shared-memory counters of the routing index
 ROUTING_KERNEL = "samoyeds::build_routing_index"
@@ -69,9 +70,9 @@ def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
         raise SamoyedsError("samoyeds GPU kernels are compiled at first use with CuPy: pip install cupy-cuda13x "
                             "(or cupy-cuda12x to match your CUDA)") from None
     source = (resources.files("samoyeds_vllm.csrc") / "samoyeds_moe.cu").read_text()
-    names = [_gemm_name(ctype, samoyeds, segment, bn, gate_up, warps, slabs, wgmma)
+    names = [_gemm_name(ctype, samoyeds, segment, bn, gate_up, warps, slabs, kind)
              for bn in (8, 16, 32, WIDE_BN) for gate_up in (True, False)
-             for warps, slabs, wgmma in _tilings(bn, gate_up, samoyeds, arch == "sm_90a")]
+             for warps, slabs, kind in _tilings(bn, gate_up, samoyeds, arch == "sm_90a")]
     names += [ROUTING_KERNEL, "samoyeds::count_slots", "samoyeds::scatter_slots",
               f"samoyeds::silu_mul_splits<{ctype}>"]
     names += [_sum_slots_name(ctype, src, vec) for src in (ctype, "float") for vec in (1, SUM_VEC)]
@@ -98,47 +99,53 @@ def _function(dtype: torch.dtype, samoyeds: bool, segment: int, device: torch.de
 
 
 def _gemm_name(ctype: str, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int, slabs: int,
-               wgmma: bool) -> str:
-    return (f"samoyeds::moe_gemm<{ctype}, {str(samoyeds).lower()}, {segment}, {bn}, {str(gate_up).lower()}, "
-            f"{warps}, {slabs}, {str(wgmma).lower()}>")
+               kind: str) -> str:
+    flags = f"{ctype}, {str(samoyeds).lower()}, {segment}"
+    if kind == "ws":
+        return f"samoyeds::moe_gemm_ws<{flags}, {str(gate_up).lower()}>"
+    return (f"samoyeds::moe_gemm<{flags}, {bn}, {str(gate_up).lower()}, {warps}, {slabs}, "
+            f"{str(kind == 'wgmma').lower()}>")
 
 
-def _tilings(bn: int, gate_up: bool, samoyeds: bool, hopper: bool) -> list[tuple[int, int, bool]]:
-    """The (warps, slabs, wgmma) block shapes compiled for a token tile, preferred first. A slab is 16 condensed
+def _tilings(bn: int, gate_up: bool, samoyeds: bool, hopper: bool) -> list[tuple[int, int, str]]:
+    """The (MMA warps, slabs, kind) block shapes compiled for a token tile, preferred first. A slab is 16 condensed
     rows per warp; GATE_UP always has two (gate and up), GEMM 2 stacks two on wide batches so each B fragment feeds
-    two MMAs, as in GATE_UP. Wide tiles on Hopper run wgmma.mma_async.sp. Measured on an H100 (Qwen3 shape,
-    T = 16384, µs of the whole layer, benchmarks/compare_tilings.py): wgmma GATE_UP 4 warps 2836 vs 8 warps 2896
-    (samoyeds); wgmma GEMM 2 2 slabs 2896 vs 1 slab 3569; mma.sp GEMM 2 2 slabs 3417 vs 1 slab 4001; mma.sp
-    GATE_UP 8 warps 3438 vs 4 warps 3491 for samoyeds, 5214 vs 5000 for 2:4. Decode keeps small 4-warp blocks, so
-    more of them fill the GPU."""
+    two MMAs, as in GATE_UP. kind "mma": mma.sp; "wgmma": wgmma.mma_async.sp in the same kernel (one warpgroup);
+    "ws": the warp-specialised persistent Hopper kernel (a copying warpgroup and two MMA warpgroups). Measured on
+    an H100 (Qwen3 shape, T = 16384, µs of the whole layer, benchmarks/compare_tilings.py): ws 2049 vs wgmma
+    2221-2331 (samoyeds), 3282 vs 3425-3610 (2:4); before ws: wgmma GATE_UP 4 warps 2836 vs 8 warps 2896, GEMM 2
+    2 slabs 2896 vs 1 slab 3569; mma.sp GEMM 2 2 slabs 3417 vs 1 slab 4001; mma.sp GATE_UP 8 warps 3438 vs 4 warps
+    3491 for samoyeds, 5214 vs 5000 for 2:4. Decode keeps small 4-warp blocks, so more of them fill the GPU."""
     if bn != WIDE_BN:
-        return [(4, 2 if gate_up else 1, False)]
-    if hopper:
-        return [(4, 2, True)] if gate_up else [(4, 2, True), (4, 1, True)]
+        return [(4, 2 if gate_up else 1, "mma")]
+    if hopper:  # the warp-specialised kernel where 128-row blocks divide the rows (not Qwen1.5's 704 gate rows)
+        return [(8, 2, "ws"), (4, 2, "wgmma")] if gate_up else [(8, 2, "ws"), (4, 2, "wgmma"), (4, 1, "wgmma")]
     if gate_up:
-        return [(8, 2, False), (4, 2, False)] if samoyeds else [(4, 2, False)]
-    return [(4, 2, False), (4, 1, False)]
+        return [(8, 2, "mma"), (4, 2, "mma")] if samoyeds else [(4, 2, "mma")]
+    return [(4, 2, "mma"), (4, 1, "mma")]
 
 
-def _tiling(bn: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int) -> tuple[int, int, bool, int]:
-    """(warps, slabs, wgmma, condensed rows per block) of the first shape in _tilings whose blocks divide the rows
-    (GATE_UP: the rows of one half)."""
-    for warps, slabs, wgmma in _tilings(bn, gate_up, samoyeds, hopper):
+def _tiling(bn: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int) -> tuple[int, int, str, int]:
+    """(MMA warps, slabs, kind, condensed rows per block) of the first shape in _tilings whose blocks divide the
+    rows (GATE_UP: the rows of one half)."""
+    for warps, slabs, kind in _tilings(bn, gate_up, samoyeds, hopper):
         block_rows = 16 * warps * (1 if gate_up else slabs)
         if rows % block_rows == 0:
-            return warps, slabs, wgmma, block_rows
+            return warps, slabs, kind, block_rows
     raise AssertionError(f"{rows} rows are not whole {BM}-row blocks (supports() admits only those)")
 
 
 @functools.cache
 def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int, slabs: int,
-            wgmma: bool, device: torch.device):
+            kind: str, device: torch.device):
+    """The kernel of one block shape, its threads and its dynamic shared memory (csrc: Stage, WsShape)."""
     kernel = _function(dtype, samoyeds, segment, device,
-                       _gemm_name(_CTYPES[dtype], samoyeds, segment, bn, gate_up, warps, slabs, wgmma))
+                       _gemm_name(_CTYPES[dtype], samoyeds, segment, bn, gate_up, warps, slabs, kind))
     a_rows = 16 * warps * slabs
-    smem = STAGES * (a_rows * 128 + a_rows * 16 + bn * 256) + 1024  # + 1 KB to align the stages
+    stages = WS_STAGES if kind == "ws" else STAGES
+    smem = stages * (a_rows * 128 + a_rows * 16 + bn * 256) + 1024  # + 1 KB to align the stages
     kernel.max_dynamic_shared_size_bytes = smem
-    return kernel, smem
+    return kernel, 32 * warps + (128 if kind == "ws" else 0), smem
 
 
 @functools.lru_cache(maxsize=64)
@@ -220,8 +227,8 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     bn1 = bn2 = _token_tile(slots, num_experts, samoyeds)
     n1, n2 = _num_tiles(slots, num_experts, bn1), _num_tiles(slots, num_experts, bn2)
     hopper = _arch(x.device) == "sm_90a"
-    warps1, slabs1, wgmma1, block_rows1 = _tiling(bn1, True, samoyeds, hopper, r13 // 2)
-    warps2, slabs2, wgmma2, block_rows2 = _tiling(bn2, False, samoyeds, hopper, r2)
+    warps1, slabs1, kind1, block_rows1 = _tiling(bn1, True, samoyeds, hopper, r13 // 2)
+    warps2, slabs2, kind2, block_rows2 = _tiling(bn2, False, samoyeds, hopper, r2)
     row_tiles1, row_tiles2 = r13 // 2 // block_rows1, r2 // block_rows2
     z1 = _splits(row_tiles1, slots, num_experts, bn1, hidden // BK, sms)
     z2 = _splits(row_tiles2, slots, num_experts, bn2, inter // BK, sms)
@@ -252,18 +259,23 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
         if chunks:
             _function(x.dtype, samoyeds, seg, x.device, "samoyeds::scatter_slots")(
                 (chunks,), (256,), (*route_args, _ptr(sorted_slot)))
-        gemms = ((True, bn1, warps1, slabs1, wgmma1, t1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1,
+        gemms = ((True, bn1, warps1, slabs1, kind1, t1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1,
                   r13, hidden, inter, row_tiles1),
-                 (False, bn2, warps2, slabs2, wgmma2, t2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter,
+                 (False, bn2, warps2, slabs2, kind2, t2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter,
                   hidden, row_tiles2))
-        for (gate_up, bn, warps, slabs, wgmma, tiles, z, src, values, meta, rowsel, dst, partial, rows, k, n_out,
+        for (gate_up, bn, warps, slabs, kind, tiles, z, src, values, meta, rowsel, dst, partial, rows, k, n_out,
              row_tiles) in gemms:
-            kernel, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, warps, slabs, wgmma, x.device)
-            kernel((row_tiles, tiles.shape[1], z), (32 * warps,),
-                   (_ptr(src), _ptr(values), _ptr(meta), _ptr(rowsel), _ptr(dst), _ptr(partial if z > 1 else None),
+            kernel, threads, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, warps, slabs, kind, x.device)
+            args = (_ptr(src), _ptr(values), _ptr(meta), _ptr(rowsel), _ptr(dst), _ptr(partial if z > 1 else None),
                     _ptr(tiles[0]), _ptr(tiles[1]), _ptr(tiles[2]), _ptr(sorted_slot), _ptr(weights),
-                    np.int32(rows), np.int32(k), np.int32(top_k), np.int32(n_out), np.int32(slots)),
-                   shared_mem=smem)
+                    np.int32(rows), np.int32(k), np.int32(top_k), np.int32(n_out), np.int32(slots))
+            if kind == "ws":  # persistent: one wave of blocks walks all (token tile, row block) items
+                items = row_tiles * tiles.shape[1]
+                grid = (min(items, sms), 1, z)
+                args += (np.int32(row_tiles), np.int32(tiles.shape[1]))
+            else:
+                grid = (row_tiles, tiles.shape[1], z)
+            kernel(grid, (threads,), args, shared_mem=smem)
             if gate_up and z > 1:
                 _function(x.dtype, samoyeds, seg, x.device, f"samoyeds::silu_mul_splits<{ctype}>")(
                     _elementwise_grid(slots * inter, sms), (256,),
