@@ -116,34 +116,63 @@ __device__ __forceinline__ void wgmma_sp_n64<__half>(float (&d)[8][4], const uns
 #undef SAMOYEDS_WGMMA_SP_N64
 
 // The same with A (64 rows x 16 compressed values) also read from shared memory through a descriptor, for the
-// warp-specialised kernel: no A registers, so nothing but d and e is tied to an instruction in flight.
-#define SAMOYEDS_WGMMA_SP_N64_SS(TYPE)                                                                          \
-  asm volatile(                                                                                                 \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                               \
-      "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32." TYPE "." TYPE " "                                         \
+// warp-specialised kernel: no A registers, so nothing but d and e is tied to an instruction in flight. N = 64 or
+// 128 tokens (d: N / 8 n8 tiles of the mma.sp accumulator layout).
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_sp_ss(float (&d)[N / 8][4], unsigned long long a_desc, unsigned long long b_desc,
+                                            unsigned e);
+#define SAMOYEDS_WGMMA_SP_SS_N64(TYPE)  \
+  asm volatile(  \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"  \
+      "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32." TYPE "." TYPE " "  \
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"  \
-      "%28,%29,%30,%31}, %32, %33, %34, 0, p, 1, 1, 0, 0;\n}\n"                                                 \
+      "%28,%29,%30,%31}, %32, %33, %34, 0, p, 1, 1, 0, 0;\n}\n"  \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
         "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
         "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
         "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])                                               \
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
       : "l"(a_desc), "l"(b_desc), "r"(e))
-
-template <typename T>
-__device__ __forceinline__ void wgmma_sp_n64_ss(float (&d)[8][4], unsigned long long a_desc,
-                                                unsigned long long b_desc, unsigned e);
 template <>
-__device__ __forceinline__ void wgmma_sp_n64_ss<__nv_bfloat16>(float (&d)[8][4], unsigned long long a_desc,
-                                                               unsigned long long b_desc, unsigned e) {
-  SAMOYEDS_WGMMA_SP_N64_SS("bf16");
+__device__ __forceinline__ void wgmma_sp_ss<__nv_bfloat16, 64>(float (&d)[8][4], unsigned long long a_desc,
+                                                              unsigned long long b_desc, unsigned e) {
+  SAMOYEDS_WGMMA_SP_SS_N64("bf16");
 }
 template <>
-__device__ __forceinline__ void wgmma_sp_n64_ss<__half>(float (&d)[8][4], unsigned long long a_desc,
-                                                        unsigned long long b_desc, unsigned e) {
-  SAMOYEDS_WGMMA_SP_N64_SS("f16");
+__device__ __forceinline__ void wgmma_sp_ss<__half, 64>(float (&d)[8][4], unsigned long long a_desc,
+                                                       unsigned long long b_desc, unsigned e) {
+  SAMOYEDS_WGMMA_SP_SS_N64("f16");
 }
-#undef SAMOYEDS_WGMMA_SP_N64_SS
+#undef SAMOYEDS_WGMMA_SP_SS_N64
+#define SAMOYEDS_WGMMA_SP_SS_N128(TYPE)  \
+  asm volatile(  \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"  \
+      "wgmma.mma_async.sp.sync.aligned.m64n128k32.f32." TYPE "." TYPE " "  \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"  \
+      "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,"  \
+      "%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, %66, 0, p, 1, 1, 0, 0;\n}\n"  \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), \
+        "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), \
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), \
+        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
+      : "l"(a_desc), "l"(b_desc), "r"(e))
+template <>
+__device__ __forceinline__ void wgmma_sp_ss<__nv_bfloat16, 128>(float (&d)[16][4], unsigned long long a_desc,
+                                                              unsigned long long b_desc, unsigned e) {
+  SAMOYEDS_WGMMA_SP_SS_N128("bf16");
+}
+template <>
+__device__ __forceinline__ void wgmma_sp_ss<__half, 128>(float (&d)[16][4], unsigned long long a_desc,
+                                                       unsigned long long b_desc, unsigned e) {
+  SAMOYEDS_WGMMA_SP_SS_N128("f16");
+}
+#undef SAMOYEDS_WGMMA_SP_SS_N128
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -175,6 +204,8 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
       "r"(parity)
       : "memory");
 }
+// Barrier 1 for the 128 threads of the copier warpgroup only (barrier 0 is __syncthreads).
+__device__ __forceinline__ void copier_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
 // Moves registers between the warpgroups of a block (sm_90a): the copying warpgroup needs few, the MMA ones many.
 template <int N> __device__ __forceinline__ void regs_shrink() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void regs_grow() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
@@ -457,50 +488,58 @@ __device__ __forceinline__ void store_tile(const float (&even)[MT][NT][4], const
     const int row = crow[h] + g + (i >> 1) * 8;
     return (GATE_UP ? h * N_out : 0) + (SAMOYEDS ? 2 * row : row);
   };
-  // The slot and routing weight of each of the thread's 2 NT columns, all loads issued before any is used (in
-  // the store loop each was a dependent pair of global loads per column: ncu put ~45% of GEMM 2's time there).
-  int slot_of[NT][2];
-  float weight_of[NT][2];
+  // The slot and routing weight of each of the thread's columns, all loads of a group of up to 8 n8 tiles issued
+  // before any is used (in the store loop each was a dependent pair of global loads per column: ncu put ~45% of
+  // GEMM 2's time there).
+  constexpr int GROUP = NT < 8 ? NT : 8;
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
+  for (int j0 = 0; j0 < NT; j0 += GROUP) {
+    int slot_of[GROUP][2];
+    float weight_of[GROUP][2];
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int n = j * 8 + 2 * t + c;
-      slot_of[j][c] = n >= n_rows ? -1 : GATE_UP ? first + n : sorted_slot[first + n];
-    }
+    for (int j = 0; j < GROUP; ++j)
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) weight_of[j][c] = GATE_UP || slot_of[j][c] < 0 ? 1.0f : slot_weight[slot_of[j][c]];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (slot_of[j][i & 1] < 0) continue;
-      const size_t slot = (size_t)slot_of[j][i & 1];
-      const float w = weight_of[j][i & 1];
-      if (split) {  // raw partial sums; the reduction kernels below finish the epilogue
-        float* dst = partial + ((size_t)blockIdx.z * slots + slot) * (GATE_UP ? 2 * (size_t)N_out : (size_t)N_out);
-#pragma unroll
-        for (int h = 0; h < MT; ++h) {
-          if (SAMOYEDS) {
-            *reinterpret_cast<float2*>(dst + out_col(h, i)) = make_float2(w * even[h][j][i], w * odd[h][j][i]);
-          } else {
-            dst[out_col(h, i)] = w * even[h][j][i];
-          }
-        }
-        continue;
+      for (int c = 0; c < 2; ++c) {
+        const int n = (j0 + j) * 8 + 2 * t + c;
+        slot_of[j][c] = n >= n_rows ? -1 : GATE_UP ? first + n : sorted_slot[first + n];
       }
-      T* dst = out + slot * N_out;
-      if (GATE_UP) {
-        const float act_even = silu(even[0][j][i]) * even[1][j][i];
-        if (SAMOYEDS) store_pair(dst + out_col(0, i), act_even, silu(odd[0][j][i]) * odd[1][j][i]);
-        else dst[out_col(0, i)] = from_float<T>(act_even);
-      } else {
 #pragma unroll
-        for (int h = 0; h < MT; ++h) {
-          if (SAMOYEDS) store_pair(dst + out_col(h, i), w * even[h][j][i], w * odd[h][j][i]);
-          else dst[out_col(h, i)] = from_float<T>(w * even[h][j][i]);
+    for (int j = 0; j < GROUP; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        weight_of[j][c] = GATE_UP || slot_of[j][c] < 0 ? 1.0f : slot_weight[slot_of[j][c]];
+#pragma unroll
+    for (int jj = 0; jj < GROUP; ++jj) {
+      const int j = j0 + jj;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (slot_of[jj][i & 1] < 0) continue;
+        const size_t slot = (size_t)slot_of[jj][i & 1];
+        const float w = weight_of[jj][i & 1];
+        if (split) {  // raw partial sums; the reduction kernels below finish the epilogue
+          float* dst =
+              partial + ((size_t)blockIdx.z * slots + slot) * (GATE_UP ? 2 * (size_t)N_out : (size_t)N_out);
+#pragma unroll
+          for (int h = 0; h < MT; ++h) {
+            if (SAMOYEDS) {
+              *reinterpret_cast<float2*>(dst + out_col(h, i)) = make_float2(w * even[h][j][i], w * odd[h][j][i]);
+            } else {
+              dst[out_col(h, i)] = w * even[h][j][i];
+            }
+          }
+          continue;
+        }
+        T* dst = out + slot * N_out;
+        if (GATE_UP) {
+          const float act_even = silu(even[0][j][i]) * even[1][j][i];
+          if (SAMOYEDS) store_pair(dst + out_col(0, i), act_even, silu(odd[0][j][i]) * odd[1][j][i]);
+          else dst[out_col(0, i)] = from_float<T>(act_even);
+        } else {
+#pragma unroll
+          for (int h = 0; h < MT; ++h) {
+            if (SAMOYEDS) store_pair(dst + out_col(h, i), w * even[h][j][i], w * odd[h][j][i]);
+            else dst[out_col(h, i)] = from_float<T>(w * even[h][j][i]);
+          }
         }
       }
     }
@@ -715,15 +754,17 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
 namespace ws {
 constexpr int CONSUMERS = 2;             // MMA warpgroups per block
 constexpr int THREADS = 128 * (CONSUMERS + 1);
-constexpr int STAGES = 4;                // 4 x 52 KB of shared memory: one block per SM
-constexpr int LAG = STAGES - 2;          // the copier hands a stage over once the LAG stages after it are issued
+// Pipeline depth by token-tile width: 4 x 52 KB (64 tokens) or 3 x 68 KB (128) of shared memory, one block per
+// SM; the copier hands a stage over once the LAG stages after it are issued.
+template <int BN> constexpr int STAGES = BN == 64 ? 4 : 3;
+template <int BN> constexpr int LAG = STAGES<BN> - 2;
 // Registers per thread after setmaxnreg: the block's launch allocation (384 threads x the launch-bounds cap of
 // 168) split between the roles; ptxas spills least with these (nvcc 13.0).
 constexpr int COPY_REGS = 64;
 constexpr int MMA_REGS = 216;
 }  // namespace ws
 
-template <typename T, bool SAMOYEDS, int V, bool GATE_UP>
+template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP>
 __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
     const T* __restrict__ x, const T* __restrict__ values, const int16_t* __restrict__ meta,
     const uint8_t* __restrict__ rowsel, T* __restrict__ out, float* __restrict__ partial,
@@ -733,10 +774,11 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
     int row_blocks,       // blocks of 128 condensed rows (per half for GATE_UP)
     int num_tiles) {      // token tiles in the tile map
   using ws::CONSUMERS;
-  constexpr int BN = 64, MT = 2, NT = BN / 8, SLAB = 64;
+  static_assert(BN == 64 || (BN == 128 && !SAMOYEDS), "samoyeds keeps two accumulator sets: 64 tokens fit");
+  constexpr int MT = 2, NT = BN / 8, SLAB = 64;
   constexpr int SLABS = CONSUMERS * MT;
   constexpr int A_ROWS = SLABS * SLAB;
-  constexpr int STAGES_WS = ws::STAGES;
+  constexpr int STAGES_WS = ws::STAGES<BN>;
   constexpr int SEGS = BK / V, SEG_STEPS = V / 32;
   using StageT = Stage<BN, A_ROWS>;
   using SelWord = typename SelWordOf<SEGS>::type;
@@ -745,6 +787,7 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
   extern __shared__ __align__(16) unsigned char smem_raw[];
   StageT* stages = reinterpret_cast<StageT*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   __shared__ unsigned long long full[STAGES_WS], empty[STAGES_WS];
+  __shared__ int token_row[BN];  // the copier's: row of x for each token column of the item (-1: padding)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid == 0) {
@@ -790,12 +833,9 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
       const int16_t* m_src = meta + (expert_rows + slab_row(rb, tid / SLAB) + tid % SLAB) * (K / 16) +
                              (size_t)kt_begin * (BK / 16);
       auto slab_offset = [&](int q) { return slab_row(rb, q) - slab_row(rb, 0); };
-      int token_row[BN / 8];  // row of x for each of the thread's token columns (-1: padding)
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int n = b_col + 8 * j;
-        token_row[j] = n < n_rows ? (GATE_UP ? sorted_slot[first + n] / top_k : first + n) : -1;
-      }
+      copier_sync();  // every copier thread is done with the last item's token rows
+      if (tid < BN) token_row[tid] = tid < n_rows ? (GATE_UP ? sorted_slot[first + tid] / top_k : first + tid) : -1;
+      copier_sync();
       for (int kt = 0; kt < k_tiles; ++kt, ++stage) {
         const int slot = stage % STAGES_WS;
         if (stage >= STAGES_WS) mbar_wait(&empty[slot], (stage / STAGES_WS - 1) & 1);
@@ -812,15 +852,15 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
                      m_src + (slab_offset(tid / SLAB + 2 * i) - slab_offset(tid / SLAB)) * (K / 16) + kt * (BK / 16), 16);
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
-          const int src_row = token_row[j];
+          const int src_row = token_row[b_col + 8 * j];
           const T* src = x + (size_t)(src_row < 0 ? 0 : src_row) * K + (size_t)(kt_begin + kt) * BK + b_chunk * 8;
           cp_async16(&s.b.chunk[BTile<BN>::at(b_col + 8 * j, b_chunk)], src, src_row < 0 ? 0 : 16);
         }
         cp_async_commit();
         // Stage `ready` is handed over once its copies landed (cp.async.wait_group) and were fenced for the
         // async proxy, by every copying thread; meanwhile the LAG stages after it are in flight.
-        if (stage - ready == ws::LAG) {
-          cp_async_wait<ws::LAG>();
+        if (stage - ready == ws::LAG<BN>) {
+          cp_async_wait<ws::LAG<BN>>();
           fence_proxy_async();
           mbar_arrive(&full[ready % STAGES_WS]);
           ++ready;
@@ -899,7 +939,7 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
           const unsigned long long b_desc = sw128_desc(&s.b.chunk[BTile<BN>::at(0, ks * 4)]);
 #pragma unroll
           for (int h = 0; h < MT; ++h)
-            wgmma_sp_n64_ss<T>(acc_even[h], sw128_desc(&s.a.chunk[(consumer * MT + h) * SLAB * 8 + ks * 2]),
+            wgmma_sp_ss<T, BN>(acc_even[h], sw128_desc(&s.a.chunk[(consumer * MT + h) * SLAB * 8 + ks * 2]),
                                b_desc, e[h][ks]);
         }
         drain();

@@ -32,7 +32,8 @@ WIDE_BN = 64  # token tiles this wide take the larger block shapes of _tilings (
 MAX_SPLITS = 8  # split-K factor cap
 BK = 128  # dense inputs per pipeline stage
 STAGES = 3
-WS_STAGES = 4  # pipeline depth of the warp-specialised Hopper kernel (csrc: ws::STAGES; one block per SM)
+WS_STAGES = {64: 4, 128: 3}  # pipeline depth of the warp-specialised Hopper kernel by token tile (csrc: ws::STAGES)
+WS_WIDE_BN = 128  # 2:4 token tiles on Hopper from this many slots per expert (twice the average, as _token_tile)
 SUM_VEC = 8  # elements per thread of the slot sum for large batches (16 bytes of bf16 / fp16)
 MAX_EXPERTS = 1024  # csrc: shared-memory counters of the routing index
 ROUTING_KERNEL = "samoyeds::build_routing_index"
@@ -49,16 +50,22 @@ def _check_gpu(device: torch.device) -> None:
                             f"{torch.cuda.get_device_name(device)} is {major}.{minor}")
 
 
-def _token_tile(slots: int, num_experts: int, samoyeds: bool) -> int:
+def _token_tile(slots: int, num_experts: int, samoyeds: bool, widest: int = WIDE_BN) -> int:
     """Tokens per tile, from the average slots per expert (a shape, so no host sync); small for decode. 2:4 leaves
     room for twice the average: routing is uneven, and an expert whose tokens spill into a second tile reads its
     weights twice (H100, Mixtral 2:4 at T = 64, 16 slots per expert: 16-token tiles 765 µs, 32-token tiles 600).
-    samoyeds weights are half the bytes, and there the wider tiles measured slower (same case: 330 vs 352 µs)."""
+    samoyeds weights are half the bytes, and there the wider tiles measured slower (same case: 330 vs 352 µs).
+    widest: WS_WIDE_BN where the Hopper kernel takes 128-token tiles (2:4: half the weight re-reads from L2)."""
     per_expert = (1 if samoyeds else 2) * slots / max(num_experts, 1)
-    for bn in (8, 16, 32):
-        if per_expert <= bn:
+    for bn in (8, 16, 32, WIDE_BN):
+        if per_expert <= bn or bn == widest:
             return bn
-    return WIDE_BN
+    return widest
+
+
+def _token_tiles(samoyeds: bool, hopper: bool) -> tuple[int, ...]:
+    """Every token-tile width a module compiles kernels for."""
+    return (8, 16, 32, WIDE_BN) + ((WS_WIDE_BN,) if hopper and not samoyeds else ())
 
 
 @functools.cache
@@ -71,7 +78,7 @@ def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
                             "(or cupy-cuda12x to match your CUDA)") from None
     source = (resources.files("samoyeds_vllm.csrc") / "samoyeds_moe.cu").read_text()
     names = [_gemm_name(ctype, samoyeds, segment, bn, gate_up, warps, slabs, kind)
-             for bn in (8, 16, 32, WIDE_BN) for gate_up in (True, False)
+             for bn in _token_tiles(samoyeds, arch == "sm_90a") for gate_up in (True, False)
              for warps, slabs, kind in _tilings(bn, gate_up, samoyeds, arch == "sm_90a")]
     names += [ROUTING_KERNEL, "samoyeds::count_slots", "samoyeds::scatter_slots",
               f"samoyeds::silu_mul_splits<{ctype}>"]
@@ -102,7 +109,7 @@ def _gemm_name(ctype: str, samoyeds: bool, segment: int, bn: int, gate_up: bool,
                kind: str) -> str:
     flags = f"{ctype}, {str(samoyeds).lower()}, {segment}"
     if kind == "ws":
-        return f"samoyeds::moe_gemm_ws<{flags}, {str(gate_up).lower()}>"
+        return f"samoyeds::moe_gemm_ws<{flags}, {bn}, {str(gate_up).lower()}>"
     return (f"samoyeds::moe_gemm<{flags}, {bn}, {str(gate_up).lower()}, {warps}, {slabs}, "
             f"{str(kind == 'wgmma').lower()}>")
 
@@ -116,8 +123,10 @@ def _tilings(bn: int, gate_up: bool, samoyeds: bool, hopper: bool) -> list[tuple
     2221-2331 (samoyeds), 3282 vs 3425-3610 (2:4); before ws: wgmma GATE_UP 4 warps 2836 vs 8 warps 2896, GEMM 2
     2 slabs 2896 vs 1 slab 3569; mma.sp GEMM 2 2 slabs 3417 vs 1 slab 4001; mma.sp GATE_UP 8 warps 3438 vs 4 warps
     3491 for samoyeds, 5214 vs 5000 for 2:4. Decode keeps small 4-warp blocks, so more of them fill the GPU."""
-    if bn != WIDE_BN:
+    if bn < WIDE_BN:
         return [(4, 2 if gate_up else 1, "mma")]
+    if bn == WS_WIDE_BN:
+        return [(8, 2, "ws")]
     if hopper:  # the warp-specialised kernel where 128-row blocks divide the rows (not Qwen1.5's 704 gate rows)
         return [(8, 2, "ws"), (4, 2, "wgmma")] if gate_up else [(8, 2, "ws"), (4, 2, "wgmma"), (4, 1, "wgmma")]
     if gate_up:
@@ -142,7 +151,7 @@ def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: 
     kernel = _function(dtype, samoyeds, segment, device,
                        _gemm_name(_CTYPES[dtype], samoyeds, segment, bn, gate_up, warps, slabs, kind))
     a_rows = 16 * warps * slabs
-    stages = WS_STAGES if kind == "ws" else STAGES
+    stages = WS_STAGES[bn] if kind == "ws" else STAGES
     smem = stages * (a_rows * 128 + a_rows * 16 + bn * 256) + 1024  # + 1 KB to align the stages
     kernel.max_dynamic_shared_size_bytes = smem
     return kernel, 32 * warps + (128 if kind == "ws" else 0), smem
@@ -224,9 +233,10 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     x = x.contiguous()
     ids = topk_ids.reshape(-1).to(torch.int64).contiguous()
     weights = topk_weights.reshape(-1).float().contiguous()
-    bn1 = bn2 = _token_tile(slots, num_experts, samoyeds)
-    n1, n2 = _num_tiles(slots, num_experts, bn1), _num_tiles(slots, num_experts, bn2)
     hopper = _arch(x.device) == "sm_90a"
+    ws_wide = hopper and not samoyeds and r13 // 2 % 128 == 0 and r2 % 256 == 0  # ws blocks divide both GEMMs
+    bn1 = bn2 = _token_tile(slots, num_experts, samoyeds, WS_WIDE_BN if ws_wide else WIDE_BN)
+    n1, n2 = _num_tiles(slots, num_experts, bn1), _num_tiles(slots, num_experts, bn2)
     warps1, slabs1, kind1, block_rows1 = _tiling(bn1, True, samoyeds, hopper, r13 // 2)
     warps2, slabs2, kind2, block_rows2 = _tiling(bn2, False, samoyeds, hopper, r2)
     row_tiles1, row_tiles2 = r13 // 2 // block_rows1, r2 // block_rows2
