@@ -207,8 +207,14 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 // Barrier 1 for the 128 threads of the copier warpgroup only (barrier 0 is __syncthreads).
 __device__ __forceinline__ void copier_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
 // Moves registers between the warpgroups of a block (sm_90a): the copying warpgroup needs few, the MMA ones many.
-template <int N> __device__ __forceinline__ void regs_shrink() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N> __device__ __forceinline__ void regs_grow() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void regs_shrink() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_grow() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 
 // Descriptor of a K-major, 128-byte-swizzled B operand starting at p: rows 128 B apart, 8-row atoms 1 KB apart.
 __device__ __forceinline__ unsigned long long sw128_desc(const void* p) {
@@ -256,7 +262,8 @@ __device__ __forceinline__ void fold_segment(float (&even)[MT][NT][4], float (&o
 }
 // After the last segment: every accumulator back at its own row.
 template <int MT, int NT>
-__device__ __forceinline__ void unfold(float (&even)[MT][NT][4], float (&odd)[MT][NT][4], const bool (&swapped)[MT][2]) {
+__device__ __forceinline__ void unfold(float (&even)[MT][NT][4], float (&odd)[MT][NT][4],
+                                       const bool (&swapped)[MT][2]) {
 #pragma unroll
   for (int h = 0; h < MT; ++h)
 #pragma unroll
@@ -745,7 +752,8 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
 
 // Wide token tiles on Hopper. Warpgroup 0 copies (cp.async: the weight tiles, and the tokens gathered through the
 // routing index), two MMA warpgroups multiply: each owns MT = 2 m64 tiles of condensed weight rows (the same 64
-// rows of gate and of up for GATE_UP, two stacked 64-row slabs for GEMM 2) and shares the block's 64-token B tile.
+// rows of gate and of up for GATE_UP, two stacked 64-row slabs for GEMM 2) and shares the block's B tile of BN
+// tokens (64; 128 for 2:4, which keeps one accumulator set).
 // Stages pass between them through mbarriers (full: the copies landed; empty: the wgmmas that read a stage are
 // done), so the copies of later stages run while the tensor cores work, and the two MMA warpgroups overlap one's
 // fold and drain with the other's wgmmas. A and B are both read by the tensor cores from the 128-byte-swizzled
@@ -816,7 +824,7 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
     regs_shrink<ws::COPY_REGS>();
     // A: chunk tid % 8 of rows tid / 8 + 16 j (j < 4) of every slab; the XOR swizzle (row & 7) is the same for all.
     // meta: one 16-byte chunk per row and stage, rows tid + 128 i. B: chunk tid % 16 of token columns
-    // tid / 16 + 8 j (j < 8), gathered through the routing index.
+    // tid / 16 + 8 j (j < BN / 8), gathered through the routing index.
     const int a_row = tid >> 3, a_chunk = tid & 7, b_col = tid >> 4, b_chunk = tid & 15;
     const int a_dst = a_row * 8 + (a_chunk ^ (a_row & 7));
     int stage = 0, ready = 0;  // stages issued, and handed over, over all items
@@ -849,7 +857,9 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
 #pragma unroll
         for (int i = 0; i < A_ROWS / 128; ++i)  // row tid + 128 i: slab tid / 64 + 2 i
           cp_async16(&s.meta.half[(tid + 128 * i) * 8],
-                     m_src + (slab_offset(tid / SLAB + 2 * i) - slab_offset(tid / SLAB)) * (K / 16) + kt * (BK / 16), 16);
+                     m_src + (slab_offset(tid / SLAB + 2 * i) - slab_offset(tid / SLAB)) * (K / 16) +
+                         kt * (BK / 16),
+                     16);
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
           const int src_row = token_row[b_col + 8 * j];

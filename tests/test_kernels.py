@@ -58,6 +58,11 @@ def test_other_segments_and_fp16(segment, tokens):
     check(preset_shape("olmoe-1b-7b"), Pattern.parse("samoyeds", segment), tokens, dtype=torch.float16, seed=2)
 
 
+@pytest.mark.parametrize("tokens", [100, 1024])  # narrow tiles; 128-token tiles (warp-specialised kernel, Hopper)
+def test_2of4_fp16(tokens):
+    check(preset_shape("olmoe-1b-7b"), PATTERNS["2:4"], tokens, dtype=torch.float16, seed=4)
+
+
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_mma_sp_wide_tiles(pattern, monkeypatch):
     """The wide-tile mma.sp kernels that GPUs before Hopper run, here on any GPU (built for plain sm_XY)."""
