@@ -312,21 +312,13 @@ template <> struct SelWordOf<2> { using type = uint16_t; };
 // ------------------------------------------------------------------------------------------ routing index
 // One block, before the GEMMs (at least one thread per expert, one per slot up to 1024: kernels.py), with two
 // helper kernels over many blocks for large batches (below).
-// Counting-sorts the (token, j) slots by expert and cuts each expert's slots into tiles of at most BN1 (GEMM 1)
-// and BN2 (GEMM 2) slots; unused tiles get rows = 0. The order of slots inside an expert is whatever the atomics
+// Counting-sorts the (token, j) slots by expert and cuts each expert's slots into tiles of at most bn slots (one
+// map for both GEMMs); unused tiles get rows = 0. The order of slots inside an expert is whatever the atomics
 // give: every slot's result depends only on its own token and expert, so the layer's output is still bit-for-bit
 // deterministic. Slots routed to an expert on another rank (id outside [0, E), expert parallelism) get no tile;
 // sum_slots skips them.
 
 constexpr int MAX_EXPERTS = 1024;
-
-struct TileSet {
-  int* expert;
-  int* start;
-  int* rows;
-  int bn;
-  int count;
-};
 
 // Exclusive prefix sum over the block (blockDim.x = 1024): warp shuffles, then a scan of the 32 warp totals.
 __device__ int block_exclusive_scan(int value, int* warp_sums, int& total) {
@@ -355,33 +347,34 @@ __device__ int block_exclusive_scan(int value, int* warp_sums, int& total) {
   return result;
 }
 
-__device__ void write_tiles(const TileSet& ts, const int* counts, int* tile_end, int* warp_sums, const int* first,
-                            int E) {
+// The tile map: expert, first sorted position and slot count of each tile of at most bn slots of one expert,
+// experts in order; tiles past the last one get rows = 0.
+__device__ void write_tiles(int* tile_expert, int* tile_start, int* tile_rows, int bn, int num_tiles,
+                            const int* counts, int* tile_end, int* warp_sums, const int* first, int E) {
   const int e = threadIdx.x;
-  const int tiles = e < E ? (counts[e] + ts.bn - 1) / ts.bn : 0;
+  const int tiles = e < E ? (counts[e] + bn - 1) / bn : 0;
   int total;
   const int before = block_exclusive_scan(tiles, warp_sums, total);
   if (e < E) tile_end[e] = before + tiles;
   __syncthreads();
-  for (int t = threadIdx.x; t < ts.count; t += blockDim.x) {
+  for (int t = threadIdx.x; t < num_tiles; t += blockDim.x) {
     int lo = 0, hi = E;  // first expert whose tile_end > t
     while (lo < hi) {
       const int mid = (lo + hi) / 2;
       if (tile_end[mid] > t) hi = mid; else lo = mid + 1;
     }
     if (lo < E) {
-      const int local = t - (tile_end[lo] - (counts[lo] + ts.bn - 1) / ts.bn);
-      const int rows = counts[lo] - local * ts.bn;
-      ts.expert[t] = lo;
-      ts.start[t] = first[lo] + local * ts.bn;
-      ts.rows[t] = rows < ts.bn ? rows : ts.bn;
+      const int local = t - (tile_end[lo] - (counts[lo] + bn - 1) / bn);
+      const int rows = counts[lo] - local * bn;
+      tile_expert[t] = lo;
+      tile_start[t] = first[lo] + local * bn;
+      tile_rows[t] = rows < bn ? rows : bn;
     } else {
-      ts.expert[t] = 0;
-      ts.start[t] = 0;
-      ts.rows[t] = 0;
+      tile_expert[t] = 0;
+      tile_start[t] = 0;
+      tile_rows[t] = 0;
     }
   }
-  __syncthreads();
 }
 
 // f(slot, expert) for every slot in [begin, end) routed to this rank's experts, spread over the block with
@@ -446,8 +439,7 @@ __global__ void __launch_bounds__(1024, 1) build_routing_index(
     int slots, int E,
     int* __restrict__ sorted_slot,           // [slots] original slot per sorted position
     int* __restrict__ chunk_counts, int chunks,
-    int* t1_expert, int* t1_start, int* t1_rows, int bn1, int n1,
-    int* t2_expert, int* t2_start, int* t2_rows, int bn2, int n2) {
+    int* tile_expert, int* tile_start, int* tile_rows, int bn, int num_tiles) {  // the tile map of both GEMMs
   __shared__ int counts[MAX_EXPERTS], first[MAX_EXPERTS], cursor[MAX_EXPERTS], tile_end[MAX_EXPERTS];
   __shared__ int warp_sums[32];
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -473,8 +465,7 @@ __global__ void __launch_bounds__(1024, 1) build_routing_index(
       position += n;
     }
   }
-  write_tiles({t1_expert, t1_start, t1_rows, bn1, n1}, counts, tile_end, warp_sums, first, E);
-  write_tiles({t2_expert, t2_start, t2_rows, bn2, n2}, counts, tile_end, warp_sums, first, E);
+  write_tiles(tile_expert, tile_start, tile_rows, bn, num_tiles, counts, tile_end, warp_sums, first, E);
 }
 
 // ------------------------------------------------------------------------------------------- GEMM epilogue

@@ -235,17 +235,17 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     weights = topk_weights.reshape(-1).float().contiguous()
     hopper = _arch(x.device) == "sm_90a"
     ws_wide = hopper and not samoyeds and r13 // 2 % 128 == 0 and r2 % 256 == 0  # ws blocks divide both GEMMs
-    bn1 = bn2 = _token_tile(slots, num_experts, samoyeds, WS_WIDE_BN if ws_wide else WIDE_BN)
-    n1, n2 = _num_tiles(slots, num_experts, bn1), _num_tiles(slots, num_experts, bn2)
-    warps1, slabs1, kind1, block_rows1 = _tiling(bn1, True, samoyeds, hopper, r13 // 2)
-    warps2, slabs2, kind2, block_rows2 = _tiling(bn2, False, samoyeds, hopper, r2)
+    bn = _token_tile(slots, num_experts, samoyeds, WS_WIDE_BN if ws_wide else WIDE_BN)  # both GEMMs' tile map
+    n_tiles = _num_tiles(slots, num_experts, bn)
+    warps1, slabs1, kind1, block_rows1 = _tiling(bn, True, samoyeds, hopper, r13 // 2)
+    warps2, slabs2, kind2, block_rows2 = _tiling(bn, False, samoyeds, hopper, r2)
     row_tiles1, row_tiles2 = r13 // 2 // block_rows1, r2 // block_rows2
-    z1 = _splits(row_tiles1, slots, num_experts, bn1, hidden // BK, sms)
-    z2 = _splits(row_tiles2, slots, num_experts, bn2, inter // BK, sms)
+    z1 = _splits(row_tiles1, slots, num_experts, bn, hidden // BK, sms)
+    z2 = _splits(row_tiles2, slots, num_experts, bn, inter // BK, sms)
     chunks = -(-slots // ROUTE_CHUNK) if slots >= ROUTE_CHUNKED_FROM else 0
-    index = torch.empty(slots + 3 * (n1 + n2) + chunks * num_experts, dtype=torch.int32, device=x.device)
-    sorted_slot, t1, t2, chunk_counts = index.split([slots, 3 * n1, 3 * n2, chunks * num_experts])
-    t1, t2 = t1.view(3, n1), t2.view(3, n2)
+    index = torch.empty(slots + 3 * n_tiles + chunks * num_experts, dtype=torch.int32, device=x.device)
+    sorted_slot, tiles, chunk_counts = index.split([slots, 3 * n_tiles, chunks * num_experts])
+    tiles = tiles.view(3, n_tiles)  # expert, first sorted position, slots of each token tile
     act = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
     if os.environ.get("SAMOYEDS_POISON"):  # tests: an element the kernels fail to write shows up as NaN
         act.fill_(float("nan"))
@@ -264,27 +264,26 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
         _function(x.dtype, samoyeds, seg, x.device, ROUTING_KERNEL)(
             (1,), (_routing_threads(slots, num_experts),),
             (_ptr(ids), np.int32(slots), np.int32(num_experts), _ptr(sorted_slot), _ptr(chunk_counts),
-             np.int32(chunks), _ptr(t1[0]), _ptr(t1[1]), _ptr(t1[2]), np.int32(bn1), np.int32(n1),
-             _ptr(t2[0]), _ptr(t2[1]), _ptr(t2[2]), np.int32(bn2), np.int32(n2)))
+             np.int32(chunks), _ptr(tiles[0]), _ptr(tiles[1]), _ptr(tiles[2]), np.int32(bn), np.int32(n_tiles)))
         if chunks:
             _function(x.dtype, samoyeds, seg, x.device, "samoyeds::scatter_slots")(
                 (chunks,), (256,), (*route_args, _ptr(sorted_slot)))
-        gemms = ((True, bn1, warps1, slabs1, kind1, t1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1,
-                  r13, hidden, inter, row_tiles1),
-                 (False, bn2, warps2, slabs2, kind2, t2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter,
-                  hidden, row_tiles2))
-        for (gate_up, bn, warps, slabs, kind, tiles, z, src, values, meta, rowsel, dst, partial, rows, k, n_out,
+        gemms = ((True, warps1, slabs1, kind1, z1, x, w13_values, w13_meta, w13_rowsel, act, partial1, r13, hidden,
+                  inter, row_tiles1),
+                 (False, warps2, slabs2, kind2, z2, act, w2_values, w2_meta, w2_rowsel, y, y, r2, inter, hidden,
+                  row_tiles2))
+        for (gate_up, warps, slabs, kind, z, src, values, meta, rowsel, dst, partial, rows, k, n_out,
              row_tiles) in gemms:
             kernel, threads, smem = _kernel(x.dtype, samoyeds, seg, bn, gate_up, warps, slabs, kind, x.device)
             args = (_ptr(src), _ptr(values), _ptr(meta), _ptr(rowsel), _ptr(dst), _ptr(partial if z > 1 else None),
                     _ptr(tiles[0]), _ptr(tiles[1]), _ptr(tiles[2]), _ptr(sorted_slot), _ptr(weights),
                     np.int32(rows), np.int32(k), np.int32(top_k), np.int32(n_out), np.int32(slots))
             if kind == "ws":  # persistent: one wave of blocks walks all (token tile, row block) items
-                items = row_tiles * tiles.shape[1]
+                items = row_tiles * n_tiles
                 grid = (min(items, sms), 1, z)
-                args += (np.int32(row_tiles), np.int32(tiles.shape[1]))
+                args += (np.int32(row_tiles), np.int32(n_tiles))
             else:
-                grid = (row_tiles, tiles.shape[1], z)
+                grid = (row_tiles, n_tiles, z)
             kernel(grid, (threads,), args, shared_mem=smem)
             if gate_up and z > 1:
                 _function(x.dtype, samoyeds, seg, x.device, f"samoyeds::silu_mul_splits<{ctype}>")(
