@@ -11,9 +11,9 @@
 //   values [E, R, K/2]  the kept values; R = out rows (2:4) or out rows / 2 (samoyeds: one condensed row per pair)
 //   meta   [E, R, K/16] int16: per 16 inputs, 4 nibbles p0 | p1 << 2 (the ordered sparse-MMA metadata of a row)
 //   rowsel [E, R, K/V]  uint8 (samoyeds): which row of pair r receives condensed row r in segment s
-// For samoyeds each thread keeps one accumulator per row of a pair and always multiplies into the even one: while
-// the kept row is the odd one the two are swapped, so a segment costs a conditional swap only where its kept row
-// differs from the previous segment's (two accumulator sets, not three: token tiles as wide as for 2:4).
+// For samoyeds each thread multiplies into one accumulator per pair (the sum of both rows' partial products) and
+// keeps a second one that tracks the odd row's share, updated by one FFMA per segment (fold_segment): two
+// accumulator sets, so token tiles as wide as for 2:4.
 //
 // Work decomposition:
 //   blockIdx.x: MT slabs of BM = WARPS x 16 condensed weight rows (64 to 256 rows): for GATE_UP the same BM rows
@@ -235,41 +235,41 @@ __device__ __forceinline__ void store_pair(__half* p, float a, float b) {
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
 
-__device__ __forceinline__ void swap_if(bool swap, float& a, float& b) {
-  const float first = swap ? b : a;
-  b = swap ? a : b;
-  a = first;
-}
-
-// The samoyeds fold (see the header): before segment `seg` of a stage, swap a pair's accumulators where the kept
-// row differs from the previous segment's. sel[h][r]: the rowsel bytes of the stage for rows g (r = 0) and g + 8
-// (r = 1) of m tile h; swapped: the current state.
+// The samoyeds fold (see the header). acc, the MMA target, sums the partial products of both rows of a pair; odd
+// holds what turns that into the odd row's sum: after the fold before segment s, the odd row's sum is
+// odd + (kept_odd ? acc : 0). A segment whose kept row differs from the previous one's moves acc's running sum in
+// or out of that: one FFMA per accumulator (factor +1, -1 or 0), and acc itself is only read, so it stays in the
+// registers the MMA writes. sel[h][r]: the rowsel bytes of the stage for rows g (r = 0) and g + 8 (r = 1) of m
+// tile h; kept_odd: the previous segment's kept rows.
 template <int MT, int NT, typename SelWord>
-__device__ __forceinline__ void fold_segment(float (&even)[MT][NT][4], float (&odd)[MT][NT][4],
-                                             const SelWord (&sel)[MT][2], bool (&swapped)[MT][2], int seg) {
+__device__ __forceinline__ void fold_segment(const float (&acc)[MT][NT][4], float (&odd)[MT][NT][4],
+                                             const SelWord (&sel)[MT][2], bool (&kept_odd)[MT][2], int seg) {
 #pragma unroll
   for (int h = 0; h < MT; ++h)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const bool kept_odd = ((sel[h][r] >> (8 * seg)) & 0xff) != 0;
-      const bool flip = kept_odd != swapped[h][r];
-      swapped[h][r] = kept_odd;
+      const bool now_odd = ((sel[h][r] >> (8 * seg)) & 0xff) != 0;
+      const float factor = (float)kept_odd[h][r] - (float)now_odd;
+      kept_odd[h][r] = now_odd;
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int i = 2 * r; i < 2 * r + 2; ++i) swap_if(flip, even[h][j][i], odd[h][j][i]);
+        for (int i = 2 * r; i < 2 * r + 2; ++i) odd[h][j][i] = fmaf(factor, acc[h][j][i], odd[h][j][i]);
     }
 }
-// After the last segment: every accumulator back at its own row.
+// After the last segment: acc becomes the even row's sum, odd the odd row's.
 template <int MT, int NT>
-__device__ __forceinline__ void unfold(float (&even)[MT][NT][4], float (&odd)[MT][NT][4],
-                                       const bool (&swapped)[MT][2]) {
+__device__ __forceinline__ void unfold(float (&acc)[MT][NT][4], float (&odd)[MT][NT][4],
+                                       const bool (&kept_odd)[MT][2]) {
 #pragma unroll
   for (int h = 0; h < MT; ++h)
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) swap_if(swapped[h][i >> 1], even[h][j][i], odd[h][j][i]);
+      for (int i = 0; i < 4; ++i) {
+        odd[h][j][i] = kept_odd[h][i >> 1] ? odd[h][j][i] + acc[h][j][i] : odd[h][j][i];
+        acc[h][j][i] -= odd[h][j][i];
+      }
 }
 // The rowsel bytes of stage kt for rows g and g + 8 of each m tile; row[h] points at row g's bytes of the first
 // stage the block takes.
@@ -647,7 +647,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   };
 
   // Accumulators: [m tile][n8 tile][4]. For samoyeds, one per row of the pair (see the fold below).
-  float acc_even[MT][NT][4] = {};
+  float acc[MT][NT][4] = {};
   float acc_odd[MT][NT][4] = {};   // unused (optimised away) for 2:4
 
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -656,10 +656,8 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   }
 
   const int wrow0 = warp * 16;  // this warp's first row inside a slab
-  // Samoyeds fold: the mma always accumulates into acc_even; while the kept row of a pair is its odd row, the
-  // pair's two accumulators are swapped (swapped[h][r] for rows g and g + 8 of tile h), so a segment whose kept
-  // row differs from the previous segment's costs one conditional swap. The row selections of the next stage are
-  // loaded one stage ahead into registers, out of the way of the mma loop.
+  // Samoyeds fold: fold_segment before each segment (kept_odd[h][r] for rows g and g + 8 of tile h). The row
+  // selections of the next stage are loaded one stage ahead into registers, out of the way of the mma loop.
   const int n_seg = K / V;
   const uint8_t* sel_row[MT];
 #pragma unroll
@@ -668,13 +666,13 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
                                 (size_t)kt_begin * SEGS
                           : nullptr;
   SelWord sel_next[MT][2] = {};
-  bool swapped[MT][2] = {};
+  bool kept_odd[MT][2] = {};
   if (SAMOYEDS && k_tiles > 0) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, 0);
   auto wgmma_drain = [&]() {  // the issued wgmmas finish and their accumulators are read only after that
     wgmma_commit();
     wgmma_wait_all();
 #pragma unroll
-    for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
+    for (int h = 0; h < MT; ++h) wgmma_pin(acc[h]);
   };
 
   for (int kt = 0; kt < k_tiles; ++kt) {
@@ -695,7 +693,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
     for (int ks = 0; ks < 4; ++ks) {
       if (SAMOYEDS && ks % SEG_STEPS == 0) {  // a segment starts: bring the kept rows' accumulators in place
         if (WGMMA && ks > 0) wgmma_drain();  // V < 128: the segment before, in this stage, must finish first
-        fold_segment(acc_even, acc_odd, sel, swapped, ks / SEG_STEPS);
+        fold_segment(acc, acc_odd, sel, kept_odd, ks / SEG_STEPS);
       }
       unsigned a[MT][4], e[MT];
 #pragma unroll
@@ -709,13 +707,13 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
       }
       if constexpr (WGMMA) {
 #pragma unroll
-        for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
+        for (int h = 0; h < MT; ++h) wgmma_pin(acc[h]);
         wgmma_fence();
         // k-step ks: inputs 32 ks.. of the stage, from byte 64 (ks % 2) of the rows of panel ks / 2 (row 0 is
         // unswizzled, so its chunk 4 (ks % 2) is that address; the tensor cores apply the swizzle to the rest).
         const unsigned long long desc = sw128_desc(&s.b.chunk[BTile<BN>::at(0, ks * 4)]);
 #pragma unroll
-        for (int h = 0; h < MT; ++h) wgmma_sp_n64<T>(acc_even[h], a[h], desc, e[h]);
+        for (int h = 0; h < MT; ++h) wgmma_sp_n64<T>(acc[h], a[h], desc, e[h]);
       } else {
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
@@ -724,18 +722,18 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
           const int c = ks * 4 + (lane >> 3);
           ldmatrix_x4(b, &s.b.chunk[BTile<BN>::at(n, c)]);
 #pragma unroll
-          for (int h = 0; h < MT; ++h) mma_sp<T>(acc_even[h][j], a[h], b, e[h]);
+          for (int h = 0; h < MT; ++h) mma_sp<T>(acc[h][j], a[h], b, e[h]);
         }
       }
     }
-    if constexpr (WGMMA) wgmma_drain();  // before the stage's shared memory is refilled or d is swapped
+    if constexpr (WGMMA) wgmma_drain();  // before the stage's shared memory is refilled or d is read
   }
   cp_async_wait<0>();
-  if constexpr (SAMOYEDS) unfold(acc_even, acc_odd, swapped);
+  if constexpr (SAMOYEDS) unfold(acc, acc_odd, kept_odd);
   int crow[MT];
 #pragma unroll
   for (int h = 0; h < MT; ++h) crow[h] = row0 + (GATE_UP ? 0 : h * BM) + wrow0;
-  store_tile<T, SAMOYEDS, GATE_UP>(acc_even, acc_odd, crow, lane, n_rows, first, sorted_slot, slot_weight, out,
+  store_tile<T, SAMOYEDS, GATE_UP>(acc, acc_odd, crow, lane, n_rows, first, sorted_slot, slot_weight, out,
                                    partial, N_out, slots);
 }
 
@@ -882,8 +880,8 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
       const int n_rows = tile_rows[tile];
       if (n_rows == 0) continue;
       const size_t expert_rows = (size_t)tile_expert[tile] * R;
-      float acc_even[MT][NT][4] = {};
-      float acc_odd[MT][NT][4] = {};  // samoyeds only (the fold in the header)
+      float acc[MT][NT][4] = {};
+      float acc_odd[MT][NT][4] = {};  // samoyeds only: the odd rows' share (fold_segment)
       const uint8_t* sel_row[MT];
 #pragma unroll
       for (int h = 0; h < MT; ++h)
@@ -891,13 +889,13 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
                                     (size_t)kt_begin * SEGS
                               : nullptr;
       SelWord sel_next[MT][2] = {};
-      bool swapped[MT][2] = {};
+      bool kept_odd[MT][2] = {};
       if (SAMOYEDS && k_tiles > 0) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, 0);
       auto drain = [&]() {
         wgmma_commit();
         wgmma_wait_all();
 #pragma unroll
-        for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
+        for (int h = 0; h < MT; ++h) wgmma_pin(acc[h]);
       };
 
       for (int kt = 0; kt < k_tiles; ++kt, ++stage) {
@@ -929,10 +927,10 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
           if (ks % SEG_STEPS == 0) {  // a segment starts (2:4: the stage)
             if constexpr (SAMOYEDS) {
               if (ks > 0) drain();  // V < 128: the segment before, in this stage, must finish first
-              fold_segment(acc_even, acc_odd, sel, swapped, ks / SEG_STEPS);
+              fold_segment(acc, acc_odd, sel, kept_odd, ks / SEG_STEPS);
             }
 #pragma unroll
-            for (int h = 0; h < MT; ++h) wgmma_pin(acc_even[h]);
+            for (int h = 0; h < MT; ++h) wgmma_pin(acc[h]);
             wgmma_fence();
           }
           // k-step ks: 16 compressed values (32 B) into each A row, 32 inputs (64 B) into the B rows of panel
@@ -940,17 +938,17 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
           const unsigned long long b_desc = sw128_desc(&s.b.chunk[BTile<BN>::at(0, ks * 4)]);
 #pragma unroll
           for (int h = 0; h < MT; ++h)
-            wgmma_sp_ss<T, BN>(acc_even[h], sw128_desc(&s.a.chunk[(consumer * MT + h) * SLAB * 8 + ks * 2]),
+            wgmma_sp_ss<T, BN>(acc[h], sw128_desc(&s.a.chunk[(consumer * MT + h) * SLAB * 8 + ks * 2]),
                                b_desc, e[h][ks]);
         }
         drain();
         mbar_arrive(&empty[slot]);
       }
-      if constexpr (SAMOYEDS) unfold(acc_even, acc_odd, swapped);
+      if constexpr (SAMOYEDS) unfold(acc, acc_odd, kept_odd);
       int crow[MT];
 #pragma unroll
       for (int h = 0; h < MT; ++h) crow[h] = slab_row(rb, consumer * MT + (GATE_UP ? 0 : h)) + wrow0;
-      store_tile<T, SAMOYEDS, GATE_UP>(acc_even, acc_odd, crow, lane, n_rows, tile_start[tile], sorted_slot,
+      store_tile<T, SAMOYEDS, GATE_UP>(acc, acc_odd, crow, lane, n_rows, tile_start[tile], sorted_slot,
                                        slot_weight, out, partial, N_out, slots);
     }
   }
