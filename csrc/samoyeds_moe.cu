@@ -60,27 +60,22 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
                : "r"(smem_addr(p)));
 }
 
+// The tensor-core type name of an activation type, for the instruction strings below ("bf16" or "f16").
+template <typename T> constexpr bool IS_BF16 = false;
+template <> constexpr bool IS_BF16<__nv_bfloat16> = true;
+
 // D += A (16x32, 2:4 compressed to 16x16) * B (32x8); metadata e from lanes 4g, 4g+1 (selector 0).
+#define SAMOYEDS_MMA_SP(TYPE)                                                                                   \
+  asm volatile("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32." TYPE "." TYPE ".f32 "             \
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9,%10,%11}, {%0,%1,%2,%3}, %12, 0x0;\n"                      \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                 \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(e))
 template <typename T>
-__device__ __forceinline__ void mma_sp(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[4], unsigned e);
-template <>
-__device__ __forceinline__ void mma_sp<__nv_bfloat16>(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[4],
-                                                      unsigned e) {
-  asm volatile(
-      "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.bf16.bf16.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9,%10,%11}, {%0,%1,%2,%3}, %12, 0x0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(e));
+__device__ __forceinline__ void mma_sp(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[4], unsigned e) {
+  if constexpr (IS_BF16<T>) SAMOYEDS_MMA_SP("bf16");
+  else SAMOYEDS_MMA_SP("f16");
 }
-template <>
-__device__ __forceinline__ void mma_sp<__half>(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[4],
-                                               unsigned e) {
-  asm volatile(
-      "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9,%10,%11}, {%0,%1,%2,%3}, %12, 0x0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(e));
-}
+#undef SAMOYEDS_MMA_SP
 
 // Hopper (sm_90a): the same product for a whole warpgroup, 64 weight rows x 64 tokens x 32 inputs, issued
 // asynchronously. A from registers (each warp its 16 rows, the mma.sp fragment), B (64 tokens x 32 inputs) read
@@ -102,25 +97,15 @@ __device__ __forceinline__ void mma_sp<__half>(float (&d)[4], const unsigned (&a
 
 template <typename T>
 __device__ __forceinline__ void wgmma_sp_n64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b_desc,
-                                             unsigned e);
-template <>
-__device__ __forceinline__ void wgmma_sp_n64<__nv_bfloat16>(float (&d)[8][4], const unsigned (&a)[4],
-                                                            unsigned long long b_desc, unsigned e) {
-  SAMOYEDS_WGMMA_SP_N64("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmma_sp_n64<__half>(float (&d)[8][4], const unsigned (&a)[4],
-                                                     unsigned long long b_desc, unsigned e) {
-  SAMOYEDS_WGMMA_SP_N64("f16");
+                                             unsigned e) {
+  if constexpr (IS_BF16<T>) SAMOYEDS_WGMMA_SP_N64("bf16");
+  else SAMOYEDS_WGMMA_SP_N64("f16");
 }
 #undef SAMOYEDS_WGMMA_SP_N64
 
 // The same with A (64 rows x 16 compressed values) also read from shared memory through a descriptor, for the
 // warp-specialised kernel: no A registers, so nothing but d and e is tied to an instruction in flight. N = 64 or
 // 128 tokens (d: N / 8 n8 tiles of the mma.sp accumulator layout).
-template <typename T, int N>
-__device__ __forceinline__ void wgmma_sp_ss(float (&d)[N / 8][4], unsigned long long a_desc, unsigned long long b_desc,
-                                            unsigned e);
 #define SAMOYEDS_WGMMA_SP_SS_N64(TYPE)  \
   asm volatile(  \
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"  \
@@ -133,17 +118,6 @@ __device__ __forceinline__ void wgmma_sp_ss(float (&d)[N / 8][4], unsigned long 
         "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
       : "l"(a_desc), "l"(b_desc), "r"(e))
-template <>
-__device__ __forceinline__ void wgmma_sp_ss<__nv_bfloat16, 64>(float (&d)[8][4], unsigned long long a_desc,
-                                                              unsigned long long b_desc, unsigned e) {
-  SAMOYEDS_WGMMA_SP_SS_N64("bf16");
-}
-template <>
-__device__ __forceinline__ void wgmma_sp_ss<__half, 64>(float (&d)[8][4], unsigned long long a_desc,
-                                                       unsigned long long b_desc, unsigned e) {
-  SAMOYEDS_WGMMA_SP_SS_N64("f16");
-}
-#undef SAMOYEDS_WGMMA_SP_SS_N64
 #define SAMOYEDS_WGMMA_SP_SS_N128(TYPE)  \
   asm volatile(  \
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"  \
@@ -162,16 +136,17 @@ __device__ __forceinline__ void wgmma_sp_ss<__half, 64>(float (&d)[8][4], unsign
         "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
         "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
       : "l"(a_desc), "l"(b_desc), "r"(e))
-template <>
-__device__ __forceinline__ void wgmma_sp_ss<__nv_bfloat16, 128>(float (&d)[16][4], unsigned long long a_desc,
-                                                              unsigned long long b_desc, unsigned e) {
-  SAMOYEDS_WGMMA_SP_SS_N128("bf16");
+
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_sp_ss(float (&d)[N / 8][4], unsigned long long a_desc, unsigned long long b_desc,
+                                            unsigned e) {
+  static_assert(N == 64 || N == 128, "token tiles of 64 or 128");
+  if constexpr (N == 64 && IS_BF16<T>) SAMOYEDS_WGMMA_SP_SS_N64("bf16");
+  else if constexpr (N == 64) SAMOYEDS_WGMMA_SP_SS_N64("f16");
+  else if constexpr (IS_BF16<T>) SAMOYEDS_WGMMA_SP_SS_N128("bf16");
+  else SAMOYEDS_WGMMA_SP_SS_N128("f16");
 }
-template <>
-__device__ __forceinline__ void wgmma_sp_ss<__half, 128>(float (&d)[16][4], unsigned long long a_desc,
-                                                       unsigned long long b_desc, unsigned e) {
-  SAMOYEDS_WGMMA_SP_SS_N128("f16");
-}
+#undef SAMOYEDS_WGMMA_SP_SS_N64
 #undef SAMOYEDS_WGMMA_SP_SS_N128
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
