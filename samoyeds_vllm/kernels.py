@@ -33,7 +33,7 @@ MAX_SPLITS = 8  # split-K factor cap
 BK = 128  # dense inputs per pipeline stage
 STAGES = 3
 WS_STAGES = {64: 4, 128: 3}  # pipeline depth of the warp-specialised Hopper kernel by token tile (csrc: ws::STAGES)
-WS_WIDE_BN = 128  # 2:4 token tiles on Hopper from this many slots per expert (twice the average, as _token_tile)
+WS_WIDE_BN = 128  # 2:4 token-tile width on Hopper (ws kernel) for batches past WIDE_BN slots per expert
 SUM_VEC = 8  # elements per thread of the slot sum for large batches (16 bytes of bf16 / fp16)
 MAX_EXPERTS = 1024  # csrc: shared-memory counters of the routing index
 ROUTING_KERNEL = "samoyeds::build_routing_index"
@@ -147,7 +147,7 @@ def _tiling(bn: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int) -> 
 @functools.cache
 def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: bool, warps: int, slabs: int,
             kind: str, device: torch.device):
-    """The kernel of one block shape, its threads and its dynamic shared memory (csrc: Stage, WsShape)."""
+    """The kernel of one block shape, its threads and its dynamic shared memory (csrc: Stage, ws::STAGES)."""
     kernel = _function(dtype, samoyeds, segment, device,
                        _gemm_name(_CTYPES[dtype], samoyeds, segment, bn, gate_up, warps, slabs, kind))
     a_rows = 16 * warps * slabs
