@@ -77,6 +77,21 @@ __device__ __forceinline__ void mma_sp(float (&d)[4], const unsigned (&a)[4], co
 }
 #undef SAMOYEDS_MMA_SP
 
+// The wgmma accumulator operands: n8 tiles 0-7 of d (N = 64), and 8-15 (the rest of N = 128).
+#define SAMOYEDS_D_0_7                                                                                                 \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),             \
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),       \
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),       \
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),       \
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define SAMOYEDS_D_8_15                                                                                                \
+  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]),             \
+      "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]),                   \
+      "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),                  \
+      "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),                  \
+      "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]),                  \
+      "+f"(d[15][3])
+
 // Hopper (sm_90a): the same product for a whole warpgroup, 64 weight rows x 64 tokens x 32 inputs, issued
 // asynchronously. A from registers (each warp its 16 rows, the mma.sp fragment), B (64 tokens x 32 inputs) read
 // by the tensor cores from 128-byte-swizzled shared memory through a descriptor; D is exactly the mma.sp
@@ -88,11 +103,7 @@ __device__ __forceinline__ void mma_sp(float (&d)[4], const unsigned (&a)[4], co
       "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32." TYPE "." TYPE " "                                         \
       "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"  \
       "%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, %37, 0, p, 1, 1, 0;\n}\n"                                      \
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])                                               \
+      : SAMOYEDS_D_0_7                                                                                          \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(e))
 
 template <typename T>
@@ -106,35 +117,22 @@ __device__ __forceinline__ void wgmma_sp_n64(float (&d)[8][4], const unsigned (&
 // The same with A (64 rows x 16 compressed values) also read from shared memory through a descriptor, for the
 // warp-specialised kernel: no A registers, so nothing but d and e is tied to an instruction in flight. N = 64 or
 // 128 tokens (d: N / 8 n8 tiles of the mma.sp accumulator layout).
-#define SAMOYEDS_WGMMA_SP_SS_N64(TYPE)  \
-  asm volatile(  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"  \
-      "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32." TYPE "." TYPE " "  \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"  \
-      "%28,%29,%30,%31}, %32, %33, %34, 0, p, 1, 1, 0, 0;\n}\n"  \
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
+#define SAMOYEDS_WGMMA_SP_SS_N64(TYPE)                                                                                 \
+  asm volatile(                                                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                                       \
+      "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32." TYPE "." TYPE " "                                               \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"        \
+      "%28,%29,%30,%31}, %32, %33, %34, 0, p, 1, 1, 0, 0;\n}\n"                                                        \
+      : SAMOYEDS_D_0_7                                                                                                 \
       : "l"(a_desc), "l"(b_desc), "r"(e))
-#define SAMOYEDS_WGMMA_SP_SS_N128(TYPE)  \
-  asm volatile(  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"  \
-      "wgmma.mma_async.sp.sync.aligned.m64n128k32.f32." TYPE "." TYPE " "  \
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"  \
-      "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,"  \
-      "%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, %66, 0, p, 1, 1, 0, 0;\n}\n"  \
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), \
-        "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), \
-        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), \
-        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
+#define SAMOYEDS_WGMMA_SP_SS_N128(TYPE)                                                                                \
+  asm volatile(                                                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                                       \
+      "wgmma.mma_async.sp.sync.aligned.m64n128k32.f32." TYPE "." TYPE " "                                              \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"        \
+      "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,"           \
+      "%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, %66, 0, p, 1, 1, 0, 0;\n}\n"                            \
+      : SAMOYEDS_D_0_7, SAMOYEDS_D_8_15                                                                                \
       : "l"(a_desc), "l"(b_desc), "r"(e))
 
 template <typename T, int N>
@@ -148,6 +146,8 @@ __device__ __forceinline__ void wgmma_sp_ss(float (&d)[N / 8][4], unsigned long 
 }
 #undef SAMOYEDS_WGMMA_SP_SS_N64
 #undef SAMOYEDS_WGMMA_SP_SS_N128
+#undef SAMOYEDS_D_0_7
+#undef SAMOYEDS_D_8_15
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -191,7 +191,8 @@ __device__ __forceinline__ void regs_grow() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// Descriptor of a K-major, 128-byte-swizzled B operand starting at p: rows 128 B apart, 8-row atoms 1 KB apart.
+// Descriptor of a K-major, 128-byte-swizzled operand tile (B, or A in the ws kernel) starting at p: rows 128 B
+// apart, 8-row atoms 1 KB apart.
 __device__ __forceinline__ unsigned long long sw128_desc(const void* p) {
   return (unsigned long long)((smem_addr(p) & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
 }
