@@ -157,12 +157,25 @@ def _kernel(dtype: torch.dtype, samoyeds: bool, segment: int, bn: int, gate_up: 
     return kernel, 32 * warps + (128 if kind == "ws" else 0), smem
 
 
+class _StreamHandle:
+    """A raw cudaStream_t through the CUDA stream protocol, which CuPy's Stream.from_external takes."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self.handle
+
+
 @functools.lru_cache(maxsize=64)
 def _cupy_stream(handle: int, device: int):
-    """CuPy's view of a torch stream, made once per stream."""
+    """CuPy's view of a torch stream, made once per stream (ExternalStream before CuPy 14, deprecated since)."""
     import cupy
 
-    return cupy.cuda.ExternalStream(handle, device)
+    if not hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.ExternalStream(handle, device)
+    with cupy.cuda.Device(device):
+        return cupy.cuda.Stream.from_external(_StreamHandle(handle))
 
 
 def _ptr(t: torch.Tensor | None) -> np.uint64:
