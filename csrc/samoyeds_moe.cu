@@ -160,6 +160,14 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[N][4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[j][i])::"memory");
 }
+// The issued wgmmas of the warpgroup finish; their accumulators may be read only after this.
+template <int MT, int NT>
+__device__ __forceinline__ void wgmma_drain(float (&acc)[MT][NT][4]) {
+  wgmma_commit();
+  wgmma_wait_all();
+#pragma unroll
+  for (int h = 0; h < MT; ++h) wgmma_pin(acc[h]);
+}
 // cp.async wrote the tiles through the generic proxy; wgmma reads them through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -644,12 +652,6 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   SelWord sel_next[MT][2] = {};
   bool kept_odd[MT][2] = {};
   if (SAMOYEDS && k_tiles > 0) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, 0);
-  auto wgmma_drain = [&]() {  // the issued wgmmas finish and their accumulators are read only after that
-    wgmma_commit();
-    wgmma_wait_all();
-#pragma unroll
-    for (int h = 0; h < MT; ++h) wgmma_pin(acc[h]);
-  };
 
   for (int kt = 0; kt < k_tiles; ++kt) {
     SelWord sel[MT][2];
@@ -668,7 +670,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       if (SAMOYEDS && ks % SEG_STEPS == 0) {  // a segment starts: bring the kept rows' accumulators in place
-        if (WGMMA && ks > 0) wgmma_drain();  // V < 128: the segment before, in this stage, must finish first
+        if (WGMMA && ks > 0) wgmma_drain(acc);  // V < 128: the segment before, in this stage, must finish first
         fold_segment(acc, acc_odd, sel, kept_odd, ks / SEG_STEPS);
       }
       unsigned a[MT][4], e[MT];
@@ -702,7 +704,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
         }
       }
     }
-    if constexpr (WGMMA) wgmma_drain();  // before the stage's shared memory is refilled or d is read
+    if constexpr (WGMMA) wgmma_drain(acc);  // before the stage's shared memory is refilled or d is read
   }
   cp_async_wait<0>();
   if constexpr (SAMOYEDS) unfold(acc, acc_odd, kept_odd);
@@ -867,12 +869,6 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
       SelWord sel_next[MT][2] = {};
       bool kept_odd[MT][2] = {};
       if (SAMOYEDS && k_tiles > 0) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, 0);
-      auto drain = [&]() {
-        wgmma_commit();
-        wgmma_wait_all();
-#pragma unroll
-        for (int h = 0; h < MT; ++h) wgmma_pin(acc[h]);
-      };
 
       for (int kt = 0; kt < k_tiles; ++kt, ++stage) {
         const int slot = stage % STAGES_WS;
@@ -902,7 +898,7 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
         for (int ks = 0; ks < 4; ++ks) {
           if (ks % SEG_STEPS == 0) {  // a segment starts (2:4: the stage)
             if constexpr (SAMOYEDS) {
-              if (ks > 0) drain();  // V < 128: the segment before, in this stage, must finish first
+              if (ks > 0) wgmma_drain(acc);  // V < 128: the segment before, in this stage, must finish first
               fold_segment(acc, acc_odd, sel, kept_odd, ks / SEG_STEPS);
             }
 #pragma unroll
@@ -917,7 +913,7 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
             wgmma_sp_ss<T, BN>(acc[h], sw128_desc(&s.a.chunk[(consumer * MT + h) * SLAB * 8 + ks * 2]),
                                b_desc, e[h][ks]);
         }
-        drain();
+        wgmma_drain(acc);
         mbar_arrive(&empty[slot]);
       }
       if constexpr (SAMOYEDS) unfold(acc, acc_odd, kept_odd);
