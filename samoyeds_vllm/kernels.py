@@ -134,14 +134,21 @@ def _tilings(bn: int, gate_up: bool, samoyeds: bool, hopper: bool) -> list[tuple
     return [(4, 2, "mma"), (4, 1, "mma")]
 
 
+def _fitting_tilings(bn: int, gate_up: bool, samoyeds: bool, hopper: bool,
+                     rows: int) -> list[tuple[int, int, str, int]]:
+    """(MMA warps, slabs, kind, condensed rows per block) of the shapes in _tilings whose blocks divide the rows
+    (GATE_UP: the rows of one half), preferred first."""
+    shapes = [(warps, slabs, kind, 16 * warps * (1 if gate_up else slabs))
+              for warps, slabs, kind in _tilings(bn, gate_up, samoyeds, hopper)]
+    return [shape for shape in shapes if rows % shape[3] == 0]
+
+
 def _tiling(bn: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int) -> tuple[int, int, str, int]:
-    """(MMA warps, slabs, kind, condensed rows per block) of the first shape in _tilings whose blocks divide the
-    rows (GATE_UP: the rows of one half)."""
-    for warps, slabs, kind in _tilings(bn, gate_up, samoyeds, hopper):
-        block_rows = 16 * warps * (1 if gate_up else slabs)
-        if rows % block_rows == 0:
-            return warps, slabs, kind, block_rows
-    raise AssertionError(f"{rows} rows are not whole {BM}-row blocks (supports() admits only those)")
+    """The first of _fitting_tilings."""
+    fitting = _fitting_tilings(bn, gate_up, samoyeds, hopper, rows)
+    if not fitting:
+        raise AssertionError(f"{rows} rows are not whole {BM}-row blocks (supports() admits only those)")
+    return fitting[0]
 
 
 @functools.cache
@@ -247,7 +254,9 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     ids = topk_ids.reshape(-1).to(torch.int64).contiguous()
     weights = topk_weights.reshape(-1).float().contiguous()
     hopper = _arch(x.device) == "sm_90a"
-    ws_wide = hopper and not samoyeds and r13 // 2 % 128 == 0 and r2 % 256 == 0  # ws blocks divide both GEMMs
+    ws_wide = (hopper and not samoyeds  # the 128-token tiles' ws blocks divide the rows of both GEMMs
+               and bool(_fitting_tilings(WS_WIDE_BN, True, samoyeds, hopper, r13 // 2))
+               and bool(_fitting_tilings(WS_WIDE_BN, False, samoyeds, hopper, r2)))
     bn = _token_tile(slots, num_experts, samoyeds, WS_WIDE_BN if ws_wide else WIDE_BN)  # both GEMMs' tile map
     n_tiles = _num_tiles(slots, num_experts, bn)
     warps1, slabs1, kind1, block_rows1 = _tiling(bn, True, samoyeds, hopper, r13 // 2)
