@@ -30,6 +30,7 @@ from .errors import SamoyedsError
 BM = 64  # condensed weight rows of a 4-warp slab (csrc: WARPS * 16); wide token tiles take larger blocks
 WIDE_BN = 64  # token tiles this wide take the larger block shapes of _tilings (wgmma on Hopper)
 MAX_SPLITS = 8  # split-K factor cap
+LONG_K_TILES = 64  # GEMMs this long (k tiles) want two blocks per SM before they are left unsplit
 BK = 128  # dense inputs per pipeline stage
 STAGES = 3
 WS_STAGES = {64: 4, 128: 3}  # pipeline depth of the warp-specialised Hopper kernel by token tile (csrc: ws::STAGES)
@@ -203,16 +204,20 @@ def _num_tiles(slots: int, num_experts: int, bn: int) -> int:
 
 
 def _splits(row_tiles: int, slots: int, num_experts: int, bn: int, k_tiles: int, sms: int) -> int:
-    """Split-K factor, from the shapes alone. A batch too small to fill one wave of blocks (each walking all of
-    K) is split along K into about two waves of shorter blocks; larger batches are not split, since the fp32
-    partial sums cost more traffic than they save (measured on an H100: Qwen3-30B-A3B T=256 went 194 -> 224 µs
-    with a 2-way split)."""
+    """Split-K factor, from the shapes alone. A batch with fewer blocks than SMs (long-K GEMMs: twice as many)
+    is split along K into about 1.5 blocks per wanted block, each split keeping at least four k tiles for its
+    pipeline; larger batches are not split, since the fp32 partial sums and the extra reduction cost more than
+    they save. Measured on an H100 (benchmarks/compare_splits.py, results/h100-2026-11-22-s4/splits-*.json), µs
+    of the layer at T = 1 with the rule before (about two waves of three blocks per SM) -> this one: Qwen3
+    samoyeds 22.5 -> 20.6, 2:4 32.8 -> 25.3; DeepSeek-V2-Lite 2:4 40.2 -> 36.1; Mixtral samoyeds 96.1 -> 92.3;
+    at T = 4 Qwen3 samoyeds 50.9 -> 47.1 (now unsplit). From T = 1 to 16 on all five shapes the choice is within
+    6% of the best of the grid (1, 2, 4) x (1, 3) (worst: Qwen1.5 samoyeds T = 2, 26.0 against 24.6)."""
     expected_experts = num_experts * (1 - (1 - 1 / num_experts) ** slots)  # experts with tokens, uniform routing
     blocks = row_tiles * (expected_experts + slots / bn)
-    wave = 3 * sms  # resident blocks: three per SM (registers and shared memory)
-    if blocks >= wave:
+    wanted = sms * (2 if k_tiles >= LONG_K_TILES else 1)
+    if blocks >= wanted:
         return 1
-    return max(1, min(math.ceil(2 * wave / blocks), MAX_SPLITS, k_tiles // 2))
+    return max(1, min(math.ceil(1.5 * wanted / blocks), MAX_SPLITS, k_tiles // 4))
 
 
 def _routing_threads(slots: int, num_experts: int) -> int:
