@@ -178,6 +178,11 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+// Arrives on `bar` once every cp.async this thread has issued so far has landed (.noinc: the arrival is one of the
+// count the barrier was initialised with).
+__device__ __forceinline__ void mbar_arrive_on_copies(unsigned long long* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
 // Waits until the phase with this parity has completed (phases alternate 0, 1, 0, ... from the init).
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   asm volatile(
@@ -730,9 +735,8 @@ namespace ws {
 constexpr int CONSUMERS = 2;             // MMA warpgroups per block
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 // Pipeline depth by token-tile width: 4 x 52 KB (64 tokens) or 3 x 68 KB (128) of shared memory, one block per
-// SM; the copier hands a stage over once the LAG stages after it are issued.
+// SM; each stage is handed over by the arrivals its copies trigger when they land, so every free stage is in flight.
 template <int BN> constexpr int STAGES = BN == 64 ? 4 : 3;
-template <int BN> constexpr int LAG = STAGES<BN> - 2;
 // Registers per thread after setmaxnreg: the block's launch allocation (384 threads x the launch-bounds cap of
 // 168) split between the roles; ptxas spills least with these (nvcc 13.0).
 constexpr int COPY_REGS = 64;
@@ -794,7 +798,7 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
     // tid / 16 + 8 j (j < BN / 8), gathered through the routing index.
     const int a_row = tid >> 3, a_chunk = tid & 7, b_col = tid >> 4, b_chunk = tid & 15;
     const int a_dst = a_row * 8 + (a_chunk ^ (a_row & 7));
-    int stage = 0, ready = 0;  // stages issued, and handed over, over all items
+    int stage = 0;  // stages issued over all items
     for (int w = blockIdx.x; w < items; w += gridDim.x) {
       const int tile = w / row_blocks, rb = w % row_blocks;
       const int n_rows = tile_rows[tile];
@@ -833,20 +837,11 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
           const T* src = x + (size_t)(src_row < 0 ? 0 : src_row) * K + (size_t)(kt_begin + kt) * BK + b_chunk * 8;
           cp_async16(&s.b.chunk[BTile<BN>::at(b_col + 8 * j, b_chunk)], src, src_row < 0 ? 0 : 16);
         }
-        cp_async_commit();
-        // Stage `ready` is handed over once its copies landed (cp.async.wait_group) and were fenced for the
-        // async proxy, by every copying thread; meanwhile the LAG stages after it are in flight.
-        if (stage - ready == ws::LAG<BN>) {
-          cp_async_wait<ws::LAG<BN>>();
-          fence_proxy_async();
-          mbar_arrive(&full[ready % STAGES_WS]);
-          ++ready;
-        }
+        mbar_arrive_on_copies(&full[slot]);  // the stage is full once all 128 threads' copies landed
       }
     }
+    cp_async_commit();
     cp_async_wait<0>();
-    fence_proxy_async();
-    for (; ready < stage; ++ready) mbar_arrive(&full[ready % STAGES_WS]);
   } else {  // ---- an MMA warpgroup
     regs_grow<ws::MMA_REGS>();
     const int consumer = warp / 4 - 1, wrow0 = (warp & 3) * 16;
@@ -879,6 +874,7 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
           if (kt + 1 < k_tiles) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, kt + 1);
         }
         mbar_wait(&full[slot], (stage / STAGES_WS) & 1);
+        fence_proxy_async();  // the copies wrote through the generic proxy, the wgmmas read through the async one
         const StageT& s = stages[slot];
         // Metadata of the warp's rows g and g + 8 for the stage's 4 k-steps: one 16-byte row each, and k-step ks
         // takes halfword 2 ks + (t & 1) of both (lanes 4g, 4g + 1 carry inputs 0-15 and 16-31 of the step).
