@@ -12,7 +12,8 @@ prints µs per replay (median of 7 repeats of 20 replays):
 - one graph timed 4x: one capture, timed four times;
 - clocks: as "one graph timed 4x", with the SM clock (a clock64 spin of a million cycles timed by events) read
   before each timing;
-- spin-first: all SMs spinning for 200 ms between the capture and the first timing.
+- spin-first: all SMs spinning for 200 ms between the capture and the first timing;
+- decay: right after a capture, 12 single repeats (20 replays each), each followed by an SM clock reading.
 """
 
 import argparse
@@ -109,6 +110,9 @@ def main() -> None:
     graph = capture(fresh())
     spin(300_000_000, 4 * torch.cuda.get_device_properties(0).multi_processor_count)  # ~200 ms at 1.5 GHz
     results["spin-first"] = [time_graph(graph) for _ in range(4)]
+    sm_mhz()  # compiled and loaded before the capture below
+    graph = capture(fresh())
+    results["decay: µs, then MHz"] = [value for _ in range(12) for value in (time_graph(graph, repeats=1), sm_mhz())]
     for name, values in results.items():
         print(f"{args.shape} {pattern} T={args.tokens} {name:32s} " + " ".join(f"{v:7.1f}" for v in values))
     if args.json:
