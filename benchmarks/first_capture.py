@@ -18,12 +18,11 @@ prints µs per replay (median of 7 repeats of 20 replays):
 
 import argparse
 import json
-import statistics
 
 import cupy
 import torch
 
-from samoyeds_vllm.bench import make_problem, ours, preset_shape
+from samoyeds_vllm.bench import capture_graph, make_problem, ours, preset_shape, time_graph
 from samoyeds_vllm.formats import Pattern
 
 
@@ -49,34 +48,6 @@ def sm_mhz() -> float:
     return round(1_000_000 / spin(1_000_000), 0)
 
 
-def capture(fn, pool=None) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
-
-
-def time_graph(graph: torch.cuda.CUDAGraph, replays: int = 20, repeats: int = 7) -> float:
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / replays)
-    return round(statistics.median(times), 1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="qwen3-30b-a3b")
@@ -92,26 +63,26 @@ def main() -> None:
 
     results = {}
     fn = fresh()
-    results["sequential"] = [time_graph(capture(fn)) for _ in range(4)]
+    results["sequential"] = [time_graph(capture_graph(fn)) for _ in range(4)]
     fn = fresh()
-    first, second = capture(fn), capture(fn)
+    first, second = capture_graph(fn), capture_graph(fn)
     results["reverse (second, then first)"] = [time_graph(second), time_graph(first)]
     fn, pool = fresh(), torch.cuda.graph_pool_handle()
-    results["shared-pool"] = [time_graph(capture(fn, pool)) for _ in range(4)]
+    results["shared-pool"] = [time_graph(capture_graph(fn, pool)) for _ in range(4)]
     fn = fresh()
     for _ in range(200):
         fn()
-    results["eager-first"] = [time_graph(capture(fn)) for _ in range(4)]
+    results["eager-first"] = [time_graph(capture_graph(fn)) for _ in range(4)]
     fn = fresh()
-    graph = capture(fn)
+    graph = capture_graph(fn)
     results["one graph timed 4x"] = [time_graph(graph) for _ in range(4)]
-    graph = capture(fresh())
+    graph = capture_graph(fresh())
     results["clocks: MHz, then µs"] = [value for _ in range(4) for value in (sm_mhz(), time_graph(graph))]
-    graph = capture(fresh())
+    graph = capture_graph(fresh())
     spin(300_000_000, 4 * torch.cuda.get_device_properties(0).multi_processor_count)  # ~200 ms at 1.5 GHz
     results["spin-first"] = [time_graph(graph) for _ in range(4)]
     sm_mhz()  # compiled and loaded before the capture below
-    graph = capture(fresh())
+    graph = capture_graph(fresh())
     results["decay: µs, then MHz"] = [value for _ in range(12) for value in (time_graph(graph, repeats=1), sm_mhz())]
     for name, values in results.items():
         print(f"{args.shape} {pattern} T={args.tokens} {name:32s} " + " ".join(f"{v:7.1f}" for v in values))

@@ -107,24 +107,30 @@ def time_cuda_graph(fn, replays: int = 20, repeats: int = 7) -> float:
 
 def time_cuda_graph_captures(fn, replays: int = 20, repeats: int = 7, captures: int = 2) -> list[float]:
     """Median µs per call in each of `captures` CUDA graphs of `fn` captured one after the other, each replayed
-    `replays` times per timed repeat. The first graph of a new problem can time slow (H100, Qwen3 samoyeds
-    T = 16: 110.5 µs, then 99.1-99.5 in four more captures; cause unknown), so the second one is the result and
-    bench moe keeps the first in its JSON beside it."""
-    return [_time_graph(fn, replays, repeats) for _ in range(captures)]
+    `replays` times per timed repeat. Right after a capture our layer's graphs replay 6-15% slow for ~10-20 ms (H100,
+    Qwen3 samoyeds T = 16: 115 then 102 µs, clocks unchanged; benchmarks/first_capture.py), so the second one is the
+    result and bench moe keeps the first in its JSON beside it."""
+    return [time_graph(capture_graph(fn), replays, repeats) for _ in range(captures)]
 
 
-def _time_graph(fn, replays: int, repeats: int) -> float:
+def capture_graph(fn, pool=None) -> torch.cuda.CUDAGraph:
+    """`fn` warmed up on a side stream (compilation, autotuning, allocator), captured, and replayed once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(3):  # warm-up: compilation, autotuning, allocator
+        for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         fn()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def time_graph(graph: torch.cuda.CUDAGraph, replays: int = 20, repeats: int = 7) -> float:
+    """Median over `repeats` of the µs per replay of `graph`, timed by CUDA events around `replays` replays."""
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
