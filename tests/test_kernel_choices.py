@@ -1,0 +1,36 @@
+"""The launch choices the GPU kernels make from shapes alone (split-K, token tiles): pure functions, run on CPU.
+
+The expected values are the choices the H100 sweeps picked (benchmarks/results/h100-2026-11-22-s4/splits-*.json).
+"""
+
+import pytest
+
+from samoyeds_vllm import kernels
+
+SMS = 132  # H100 SXM
+
+
+@pytest.mark.parametrize("row_tiles, slots, experts, k_tiles, expected", [
+    (6, 8, 128, 16, 4),     # Qwen3 samoyeds gate/up at T = 1: 53 blocks for 132 SMs
+    (12, 8, 128, 16, 2),    # Qwen3 2:4 gate/up at T = 1: 105 blocks
+    (16, 8, 128, 6, 1),     # Qwen3 samoyeds down at T = 1: 141 blocks fill the SMs
+    (6, 32, 128, 16, 1),    # Qwen3 samoyeds gate/up at T = 4: 195 blocks
+    (32, 2, 8, 112, 6),     # Mixtral samoyeds down at T = 1: 68 blocks of a long K (wants two per SM)
+    (64, 2, 8, 112, 3),     # Mixtral 2:4 down at T = 1: 136 blocks, still under two per SM
+])
+def test_split_k_choices(row_tiles, slots, experts, k_tiles, expected):
+    bn = kernels._token_tile(slots, experts, samoyeds=True)
+    assert kernels._splits(row_tiles, slots, experts, bn, k_tiles, SMS) == expected
+
+
+@pytest.mark.parametrize("slots", [1, 8, 64, 512, 4096, 131072])
+@pytest.mark.parametrize("k_tiles", [4, 6, 11, 16, 32, 112])
+def test_splits_keep_four_k_tiles_and_stop_at_full_gpus(slots, k_tiles):
+    """Every split keeps at least four k tiles for the pipeline (or none is made), and a GEMM with a block per SM
+    (two for long K) is never split."""
+    for row_tiles in (1, 6, 32, 112):
+        z = kernels._splits(row_tiles, slots, 128, 8, k_tiles, SMS)
+        assert 1 <= z <= kernels.MAX_SPLITS
+        assert z == 1 or k_tiles // z >= 4
+    wanted = SMS * (2 if k_tiles >= kernels.LONG_K_TILES else 1)
+    assert kernels._splits(wanted, slots, 128, 8, k_tiles, SMS) == 1  # at least one expert: >= wanted blocks
