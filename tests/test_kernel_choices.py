@@ -10,16 +10,16 @@ from samoyeds_vllm import kernels
 SMS = 132  # H100 SXM
 
 
-@pytest.mark.parametrize("row_tiles, slots, experts, k_tiles, expected", [
-    (6, 8, 128, 16, 4),     # Qwen3 samoyeds gate/up at T = 1: 53 blocks for 132 SMs
-    (12, 8, 128, 16, 2),    # Qwen3 2:4 gate/up at T = 1: 105 blocks
-    (16, 8, 128, 6, 1),     # Qwen3 samoyeds down at T = 1: 141 blocks fill the SMs
-    (6, 32, 128, 16, 1),    # Qwen3 samoyeds gate/up at T = 4: 195 blocks
-    (32, 2, 8, 112, 6),     # Mixtral samoyeds down at T = 1: 68 blocks of a long K (wants two per SM)
-    (64, 2, 8, 112, 3),     # Mixtral 2:4 down at T = 1: 136 blocks, still under two per SM
+@pytest.mark.parametrize("samoyeds, row_tiles, slots, experts, k_tiles, expected", [
+    (True, 6, 8, 128, 16, 4),     # Qwen3 samoyeds gate/up at T = 1: 53 blocks for 132 SMs
+    (False, 12, 8, 128, 16, 2),   # Qwen3 2:4 gate/up at T = 1: 105 blocks
+    (True, 16, 8, 128, 6, 1),     # Qwen3 samoyeds down at T = 1: 141 blocks fill the SMs
+    (True, 6, 32, 128, 16, 1),    # Qwen3 samoyeds gate/up at T = 4: 195 blocks
+    (True, 32, 2, 8, 112, 6),     # Mixtral samoyeds down at T = 1: 68 blocks of a long K (wants two per SM)
+    (False, 64, 2, 8, 112, 3),    # Mixtral 2:4 down at T = 1: 136 blocks, still under two per SM
 ])
-def test_split_k_choices(row_tiles, slots, experts, k_tiles, expected):
-    bn = kernels._token_tile(slots, experts, samoyeds=True)
+def test_split_k_choices(samoyeds, row_tiles, slots, experts, k_tiles, expected):
+    bn = kernels._token_tile(slots, experts, samoyeds)
     assert kernels._splits(row_tiles, slots, experts, bn, k_tiles, SMS) == expected
 
 
