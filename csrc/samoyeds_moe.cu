@@ -10,7 +10,9 @@
 // Weights are read exactly in the packed layout of samoyeds_vllm/formats.py (format version 1):
 //   values [E, R, K/2]  the kept values; R = out rows (2:4) or out rows / 2 (samoyeds: one condensed row per pair)
 //   meta   [E, R, K/16] int16: per 16 inputs, 4 nibbles p0 | p1 << 2 (the ordered sparse-MMA metadata of a row)
-//   rowsel [E, R, K/V]  uint8 (samoyeds): which row of pair r receives condensed row r in segment s
+//   rowsel [E, R, K/V]  uint8 (samoyeds): which row of pair r receives condensed row r in segment s; stored
+//                       segment-major ([E, K/V, R] in memory, kernels.kernel_rowsel), so the selections of a run
+//                       of rows in one segment are contiguous bytes that the copies bring in with each stage
 // For samoyeds each thread multiplies into one accumulator per pair (the sum of both rows' partial products) and
 // keeps a second one that tracks the odd row's share, updated by one FFMA per segment (fold_segment): two
 // accumulator sets, so token tiles as wide as for 2:4.
@@ -222,7 +224,9 @@ __device__ __forceinline__ void store_pair(__half* p, float a, float b) {
   *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
 }
 
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+// Fast division (an approximate reciprocal): the IEEE division was ~5% of the gate/up epilogue's instructions.
+// For v below about -88, exp(-v) overflows and the result is -0, as SiLU's limit.
+__device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
 
 // The samoyeds fold (see the header). acc, the MMA target, sums the partial products of both rows of a pair; odd
 // holds what turns that into the odd row's sum: after the fold before segment s, the odd row's sum is
@@ -260,15 +264,19 @@ __device__ __forceinline__ void unfold(float (&acc)[MT][NT][4], float (&odd)[MT]
         acc[h][j][i] -= odd[h][j][i];
       }
 }
-// The rowsel bytes of stage kt for rows g and g + 8 of each m tile; row[h] points at row g's bytes of the first
-// stage the block takes.
-template <int MT, int SEGS, typename SelWord>
-__device__ __forceinline__ void load_sel(SelWord (&sel)[MT][2], const uint8_t* const (&row)[MT], int n_seg, int kt) {
+// The rowsel bytes of a stage for rows g and g + 8 of each m tile, from the stage's SelTile; row[h]: row g of
+// tile h in the block's row order. Segment j of the stage is byte j of the word.
+template <int MT, int SEGS, int A_ROWS, typename SelWord>
+__device__ __forceinline__ void stage_sel(SelWord (&sel)[MT][2], const uint8_t* tile, const int (&row)[MT]) {
 #pragma unroll
   for (int h = 0; h < MT; ++h)
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      sel[h][r] = *reinterpret_cast<const SelWord*>(row[h] + (size_t)8 * r * n_seg + (size_t)kt * SEGS);
+    for (int r = 0; r < 2; ++r) {
+      SelWord word = 0;
+#pragma unroll
+      for (int j = 0; j < SEGS; ++j) word |= (SelWord)tile[j * A_ROWS + row[h] + 8 * r] << (8 * j);
+      sel[h][r] = word;
+    }
 }
 
 // ------------------------------------------------------------------------------------ shared-memory tiles
@@ -293,10 +301,29 @@ struct Stage {  // every member a multiple of 1 KB for A_ROWS % 64 == 0, so b st
   MetaTile<A_ROWS> meta;
 };
 
-// The rowsel bytes of one row for one stage (BK / V segments), read as one word.
+// The rowsel bytes of one row for one stage (BK / V segments), as one word.
 template <int SEGS> struct SelWordOf { using type = unsigned; };
 template <> struct SelWordOf<1> { using type = uint8_t; };
 template <> struct SelWordOf<2> { using type = uint16_t; };
+
+// A stage's row selections (samoyeds): byte j * A_ROWS + r is segment j of block row r (rows in the block's slab
+// order), copied with the stage's other tiles, 16 rows per cp.async, instead of being loaded from global memory by
+// the MMA threads (whose loads, one byte per row and stage, one stage ahead, were 12-40% of the ws kernel's MMA
+// warp time on the H100: ncu, Mixtral T = 4096). Slab s holds rows slab_start(s) .. + SLAB of the expert.
+template <int SEGS, int A_ROWS> struct SelTile {
+  static constexpr int CHUNKS = SEGS * A_ROWS / 16;  // 16-byte copies per stage
+  uint8_t byte[SEGS * A_ROWS];
+  // Where copying thread i < CHUNKS reads the first stage of an item from, and writes to (offset in the tile);
+  // a later stage kt reads at src + kt * SEGS * R. expert_sel: the expert's rowsel (segment-major), seg0: the
+  // first segment the block takes.
+  template <int SLAB, typename F>
+  static __device__ __forceinline__ const uint8_t* source(const uint8_t* expert_sel, int R, int seg0, int i,
+                                                          F slab_start, int& dst) {
+    const int j = i / (A_ROWS / 16), r = (i % (A_ROWS / 16)) * 16;
+    dst = j * A_ROWS + r;
+    return expert_sel + (size_t)(seg0 + j) * R + slab_start(r / SLAB) + r % SLAB;
+  }
+};
 
 // ------------------------------------------------------------------------------------------ routing index
 // One block, before the GEMMs (at least one thread per expert, one per slot up to 1024: kernels.py), with two
@@ -463,12 +490,12 @@ __global__ void __launch_bounds__(1024, 1) build_routing_index(
 // a row of the gate half, h = 0 gate, 1 up) and tile column 8 j + 2 t + i % 2; samoyeds: even / odd are output rows
 // 2 crow and 2 crow + 1. GATE_UP: act = SiLU(gate) * up by sorted position; else the routing-weighted row by
 // original slot. With split-K (gridDim.z > 1) the raw fp32 sums go to `partial` and the split epilogues finish.
-template <typename T, bool SAMOYEDS, bool GATE_UP, int MT, int NT>
+// slot_at(n): the output row of token column n (-1: padding), weight_at(n, slot): its routing weight (GATE_UP
+// stores no weight).
+template <typename T, bool SAMOYEDS, bool GATE_UP, int MT, int NT, typename SlotAt, typename WeightAt>
 __device__ __forceinline__ void store_tile(const float (&even)[MT][NT][4], const float (&odd)[MT][NT][4],
-                                           const int (&crow)[MT], int lane, int n_rows, int first,
-                                           const int* __restrict__ sorted_slot,
-                                           const float* __restrict__ slot_weight, T* __restrict__ out,
-                                           float* __restrict__ partial, int N_out, int slots) {
+                                           const int (&crow)[MT], int lane, SlotAt slot_at, WeightAt weight_at,
+                                           T* __restrict__ out, float* __restrict__ partial, int N_out, int slots) {
   const int g = lane >> 2, t = lane & 3;
   const bool split = gridDim.z > 1;
   auto out_col = [&](int h, int i) {  // output column of even[h][.][i] (odd: the next one, samoyeds)
@@ -477,7 +504,7 @@ __device__ __forceinline__ void store_tile(const float (&even)[MT][NT][4], const
   };
   // The slot and routing weight of each of the thread's columns, all loads of a group of up to 8 n8 tiles issued
   // before any is used (in the store loop each was a dependent pair of global loads per column: ncu put ~45% of
-  // GEMM 2's time there).
+  // GEMM 2's time there; the ws kernel takes them from shared memory).
   constexpr int GROUP = NT < 8 ? NT : 8;
 #pragma unroll
   for (int j0 = 0; j0 < NT; j0 += GROUP) {
@@ -487,14 +514,13 @@ __device__ __forceinline__ void store_tile(const float (&even)[MT][NT][4], const
     for (int j = 0; j < GROUP; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const int n = (j0 + j) * 8 + 2 * t + c;
-        slot_of[j][c] = n >= n_rows ? -1 : GATE_UP ? first + n : sorted_slot[first + n];
+        slot_of[j][c] = slot_at((j0 + j) * 8 + 2 * t + c);
       }
 #pragma unroll
     for (int j = 0; j < GROUP; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c)
-        weight_of[j][c] = GATE_UP || slot_of[j][c] < 0 ? 1.0f : slot_weight[slot_of[j][c]];
+        weight_of[j][c] = GATE_UP ? 1.0f : weight_at((j0 + j) * 8 + 2 * t + c, slot_of[j][c]);
 #pragma unroll
     for (int jj = 0; jj < GROUP; ++jj) {
       const int j = j0 + jj;
@@ -564,7 +590,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
     const T* __restrict__ x,               // GATE_UP: [tokens, K] activations; else [slots, K] act in sorted order
     const T* __restrict__ values,          // [E, R, K/2]
     const int16_t* __restrict__ meta,      // [E, R, K/16]
-    const uint8_t* __restrict__ rowsel,    // [E, R, K/V] (samoyeds) or null
+    const uint8_t* __restrict__ rowsel,    // [E, R, K/V] stored segment-major (samoyeds) or null
     T* __restrict__ out,                   // GATE_UP: act [slots, N_out]; else y [slots, N_out] by original slot
     float* __restrict__ partial,           // split-K (gridDim.z > 1): fp32 partial sums instead of `out`:
                                            //   GATE_UP [z, slots, 2 N_out] (gate | up), else [z, slots, N_out]
@@ -589,6 +615,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   constexpr int SEGS = BK / V;             // row-selection segments per stage (samoyeds)
   constexpr int SEG_STEPS = V / 32;        // k-steps per segment
   using SelWord = typename SelWordOf<SEGS>::type;
+  using SelT = SelTile<SAMOYEDS ? SEGS : 1, SAMOYEDS ? A_ROWS : 16>;
 
   const int tile = blockIdx.y;
   const int n_rows = tile_rows[tile];
@@ -602,6 +629,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   extern __shared__ __align__(16) unsigned char smem_raw[];  // STAGES stages + 1 KB to align them
   StageT* stages = reinterpret_cast<StageT*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
   __shared__ int token_row[BN];            // row of x holding each tile column (-1: padding)
+  __shared__ __align__(16) SelT sel_tiles[STAGES];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -633,6 +661,9 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   constexpr int B_STEP = THREADS / 16;
   constexpr int B_ITERS = (BN + B_STEP - 1) / B_STEP;
   const int b_col = tid >> 4, b_chunk = tid & 15;
+  // rowsel (samoyeds): thread tid < SelT::CHUNKS copies 16 rows of one segment per stage (its address made at
+  // each stage: held for the whole loop it made ptxas spill in the decode tiles).
+  const int n_seg = K / V;
 
   auto load_stage = [&](int slot, int kt) {
     StageT& s = stages[slot];
@@ -643,6 +674,13 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
       for (int j = 0; j < 4; ++j)
         cp_async16(&s.a.chunk[a_dst + (h * BM + j * A_STEP) * 8], a_src + h * a_slab + j * a_step + k_off / 2, 16);
     if (tid < A_ROWS) cp_async16(&s.meta.half[tid * 8], m_src + k_off / 16, 16);
+    if (SAMOYEDS && tid < SelT::CHUNKS) {
+      int sel_dst;
+      const uint8_t* sel_src =
+          SelT::template source<BM>(rowsel + (size_t)expert * n_seg * R, R, (kt_begin + kt) * SEGS, tid,
+                                    [&](int h) { return row0 + h * slab_rows; }, sel_dst);
+      cp_async16(&sel_tiles[slot].byte[sel_dst], sel_src, 16);
+    }
 #pragma unroll
     for (int j = 0; j < B_ITERS; ++j) {
       const int n = b_col + j * B_STEP;
@@ -663,29 +701,19 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   }
 
   const int wrow0 = warp * 16;  // this warp's first row inside a slab
-  // Samoyeds fold: fold_segment before each segment (kept_odd[h][r] for rows g and g + 8 of tile h). The row
-  // selections of the next stage are loaded one stage ahead into registers, out of the way of the mma loop.
-  const int n_seg = K / V;
-  const uint8_t* sel_row[MT];
-#pragma unroll
-  for (int h = 0; h < MT; ++h)
-    sel_row[h] = SAMOYEDS ? rowsel + (expert_rows + row0 + (size_t)h * slab_rows + wrow0 + g) * n_seg +
-                                (size_t)kt_begin * SEGS
-                          : nullptr;
-  SelWord sel_next[MT][2] = {};
+  // Samoyeds fold: fold_segment before each segment (kept_odd[h][r] for rows g and g + 8 of tile h), with the
+  // stage's row selections from its SelTile.
   bool kept_odd[MT][2] = {};
-  if (SAMOYEDS && k_tiles > 0) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, 0);
+  int sel_rows[MT];
+#pragma unroll
+  for (int h = 0; h < MT; ++h) sel_rows[h] = h * BM + wrow0 + g;
 
   for (int kt = 0; kt < k_tiles; ++kt) {
-    SelWord sel[MT][2];
-    if constexpr (SAMOYEDS) {
-#pragma unroll
-      for (int h = 0; h < MT; ++h) sel[h][0] = sel_next[h][0], sel[h][1] = sel_next[h][1];
-      if (kt + 1 < k_tiles) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, kt + 1);
-    }
     cp_async_wait<STAGES - 2>();
     if constexpr (WGMMA) fence_proxy_async();
     __syncthreads();
+    SelWord sel[MT][2];
+    if constexpr (SAMOYEDS) stage_sel<MT, SEGS, A_ROWS>(sel, sel_tiles[kt % STAGES].byte, sel_rows);
     if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
     cp_async_commit();
     const StageT& s = stages[kt % STAGES];
@@ -734,8 +762,10 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(
   int crow[MT];
 #pragma unroll
   for (int h = 0; h < MT; ++h) crow[h] = row0 + (GATE_UP ? 0 : h * BM) + wrow0;
-  store_tile<T, SAMOYEDS, GATE_UP>(acc, acc_odd, crow, lane, n_rows, first, sorted_slot, slot_weight, out,
-                                   partial, N_out, slots);
+  store_tile<T, SAMOYEDS, GATE_UP>(
+      acc, acc_odd, crow, lane,
+      [&](int n) { return n >= n_rows ? -1 : GATE_UP ? first + n : sorted_slot[first + n]; },
+      [&](int, int slot) { return slot < 0 ? 1.0f : slot_weight[slot]; }, out, partial, N_out, slots);
 }
 
 // ------------------------------------------------------------------------- warp-specialised kernel (sm_90a)
@@ -761,6 +791,17 @@ constexpr int COPY_REGS = 64;
 constexpr int MMA_REGS = 216;
 }  // namespace ws
 
+// What the copier tells the MMA warpgroups about their next work item, through a ring of two passed like the stages
+// (item_full / item_empty mbarriers), so that they read no global memory themselves: the row block, and each token
+// column's output row and routing weight for the epilogue, which the copier reads while it runs ahead (as dependent
+// global loads at the start and in the epilogue of each item they were ~45% of the MMA warps' time in Qwen3's GEMM 2
+// at T = 16384, ncu, H100). n_rows = -1: no more items.
+template <int BN> struct ItemInfo {
+  int slot[BN];      // output row of each token column (GATE_UP: its sorted position); -1 for padding
+  float weight[BN];  // routing weight of each column (1 for GATE_UP)
+  int row_block, n_rows;
+};
+
 template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP>
 __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
     const T* __restrict__ x, const T* __restrict__ values, const int16_t* __restrict__ meta,
@@ -779,11 +820,14 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
   constexpr int SEGS = BK / V, SEG_STEPS = V / 32;
   using StageT = Stage<BN, A_ROWS>;
   using SelWord = typename SelWordOf<SEGS>::type;
+  using SelT = SelTile<SAMOYEDS ? SEGS : 1, SAMOYEDS ? A_ROWS : 16>;
   static_assert(BK % V == 0 && V % 32 == 0, "a segment is whole k-steps of one stage");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   StageT* stages = reinterpret_cast<StageT*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
-  __shared__ unsigned long long full[STAGES_WS], empty[STAGES_WS];
+  __shared__ __align__(16) SelT sel_tiles[STAGES_WS];
+  __shared__ ItemInfo<BN> item_info[2];
+  __shared__ unsigned long long full[STAGES_WS], empty[STAGES_WS], item_full[2], item_empty[2];
   // The copier's: row of x for each token column of the item (-1: padding), column b_col + 8 j at [b_col][j], so a
   // copying thread reads the rows of its columns four at a time. With one dependent 4-byte load in front of each
   // B cp.async the copier's issue was what the MMA warpgroups waited for (H100 ncu, 2:4 at T = 4096); this read
@@ -796,6 +840,10 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
       mbar_init(&full[s], 128);
       mbar_init(&empty[s], 128 * CONSUMERS);
     }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(&item_full[s], 128);
+      mbar_init(&item_empty[s], 128 * CONSUMERS);
+    }
   }
   __syncthreads();
 
@@ -803,10 +851,6 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
   const int k_total = K / BK;
   const int kt_begin = (int)((long long)k_total * blockIdx.z / gridDim.z);
   const int k_tiles = (int)((long long)k_total * (blockIdx.z + 1) / gridDim.z) - kt_begin;
-  // Persistent blocks: work item w = (token tile w / row_blocks, row block w % row_blocks), so the blocks running
-  // at one time share token tiles (B) and experts (A) in L2. Both roles walk the same items and skip the empty
-  // tiles, and count stages over all their items: the copier runs ahead into the next item during an epilogue.
-  const int items = row_blocks * num_tiles;
   // Slab q = consumer * MT + h of row block rb: its first condensed row in the expert (GATE_UP: h = 1 is up).
   auto slab_row = [&](int rb, int q) {
     const int row0 = rb * CONSUMERS * (GATE_UP ? SLAB : MT * SLAB);
@@ -817,15 +861,22 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
     regs_shrink<ws::COPY_REGS>();
     // A: chunk tid % 8 of rows tid / 8 + 16 j (j < 4) of every slab; the XOR swizzle (row & 7) is the same for all.
     // meta: one 16-byte chunk per row and stage, rows tid + 128 i. B: chunk tid % 16 of token columns
-    // tid / 16 + 8 j (j < BN / 8), gathered through the routing index.
+    // tid / 16 + 8 j (j < BN / 8), gathered through the routing index. rowsel: one chunk per thread < CHUNKS.
     const int a_row = tid >> 3, a_chunk = tid & 7, b_col = tid >> 4, b_chunk = tid & 15;
     const int a_dst = a_row * 8 + (a_chunk ^ (a_row & 7));
+    const int n_seg = K / V;
     int stage = 0;  // stages issued over all items
-    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+    int item = 0;   // items handed to the MMA warpgroups
+    // Persistent blocks: work item w = (token tile w / row_blocks, row block w % row_blocks), so the blocks running
+    // at one time share token tiles (B) and experts (A) in L2. The copier skips the empty tiles, hands each item to
+    // the MMA warpgroups through item_info, and counts stages over all items: it runs ahead into the next item
+    // while the MMA warpgroups run an epilogue.
+    for (int w = blockIdx.x; w < row_blocks * num_tiles; w += gridDim.x) {
       const int tile = w / row_blocks, rb = w % row_blocks;
       const int n_rows = tile_rows[tile];
       if (n_rows == 0) continue;
-      const size_t expert_rows = (size_t)tile_expert[tile] * R;
+      const int expert = tile_expert[tile];
+      const size_t expert_rows = (size_t)expert * R;
       const int first = tile_start[tile];
       // One base address each for A and meta; the slabs sit at fixed row offsets from the first (few registers
       // here: the copier runs on COPY_REGS).
@@ -834,11 +885,36 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
       const int16_t* m_src = meta + (expert_rows + slab_row(rb, tid / SLAB) + tid % SLAB) * (K / 16) +
                              (size_t)kt_begin * (BK / 16);
       auto slab_offset = [&](int q) { return slab_row(rb, q) - slab_row(rb, 0); };
+      int sel_dst = 0;
+      const uint8_t* sel_src =
+          SAMOYEDS && tid < SelT::CHUNKS
+              ? SelT::template source<SLAB>(rowsel + (size_t)expert * n_seg * R, R, kt_begin * SEGS, tid,
+                                            [&](int q) { return slab_row(rb, q); }, sel_dst)
+              : nullptr;
+      ItemInfo<BN>& info = item_info[item & 1];
+      if (item >= 2) mbar_wait(&item_empty[item & 1], ((item >> 1) - 1) & 1);
       copier_sync();  // every copier thread is done with the last item's token rows
       if (tid < BN) {  // column tid is entry j = tid / 8 of the rows of b_col = tid % 8 (see token_rows)
-        token_rows[tid % 8][tid / 8] =
-            tid < n_rows ? (GATE_UP ? sorted_slot[first + tid] / top_k : first + tid) : -1;
+        int row = -1, slot = -1;
+        float weight = 1.0f;
+        if (tid < n_rows) {
+          const int pos = first + tid;
+          if (GATE_UP) {
+            row = sorted_slot[pos] / top_k;
+            slot = pos;
+          } else {
+            row = pos;
+            slot = sorted_slot[pos];
+            weight = slot_weight[slot];
+          }
+        }
+        token_rows[tid % 8][tid / 8] = row;
+        info.slot[tid] = slot;
+        info.weight[tid] = weight;
       }
+      if (tid == 0) info.row_block = rb, info.n_rows = n_rows;
+      mbar_arrive(&item_full[item & 1]);
+      ++item;
       copier_sync();
       const T* b_src = x + (size_t)kt_begin * BK + b_chunk * 8;
       for (int kt = 0; kt < k_tiles; ++kt, ++stage) {
@@ -857,6 +933,8 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
                      m_src + (slab_offset(tid / SLAB + 2 * i) - slab_offset(tid / SLAB)) * (K / 16) +
                          kt * (BK / 16),
                      16);
+        if (SAMOYEDS && tid < SelT::CHUNKS)
+          cp_async16(&sel_tiles[slot].byte[sel_dst], sel_src + (size_t)kt * SEGS * R, 16);
 #pragma unroll
         for (int q = 0; q < BN / 32; ++q) {
           const int4 rows = *reinterpret_cast<const int4*>(&token_rows[b_col][4 * q]);
@@ -869,42 +947,35 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
         mbar_arrive_on_copies(&full[slot]);  // the stage is full once all 128 threads' copies landed
       }
     }
+    if (item >= 2) mbar_wait(&item_empty[item & 1], ((item >> 1) - 1) & 1);
+    if (tid == 0) item_info[item & 1].n_rows = -1;
+    mbar_arrive(&item_full[item & 1]);
     cp_async_commit();
     cp_async_wait<0>();
   } else {  // ---- an MMA warpgroup
     regs_grow<ws::MMA_REGS>();
     const int consumer = warp / 4 - 1, wrow0 = (warp & 3) * 16;
     const int g = lane >> 2, t = lane & 3;
-    const int n_seg = K / V;
+    int sel_rows[MT];  // row g of each m tile in the block's row order (SelTile)
+#pragma unroll
+    for (int h = 0; h < MT; ++h) sel_rows[h] = (consumer * MT + h) * SLAB + wrow0 + g;
     int stage = 0;
-    for (int w = blockIdx.x; w < items; w += gridDim.x) {
-      const int tile = w / row_blocks, rb = w % row_blocks;
-      const int n_rows = tile_rows[tile];
-      if (n_rows == 0) continue;
-      const size_t expert_rows = (size_t)tile_expert[tile] * R;
+    for (int item = 0;; ++item) {
+      mbar_wait(&item_full[item & 1], (item >> 1) & 1);
+      const ItemInfo<BN>& info = item_info[item & 1];
+      const int n_rows = info.n_rows, rb = info.row_block;
+      if (n_rows < 0) break;
       float acc[MT][NT][4] = {};
       float acc_odd[MT][NT][4] = {};  // samoyeds only: the odd rows' share (fold_segment)
-      const uint8_t* sel_row[MT];
-#pragma unroll
-      for (int h = 0; h < MT; ++h)
-        sel_row[h] = SAMOYEDS ? rowsel + (expert_rows + slab_row(rb, consumer * MT + h) + wrow0 + g) * n_seg +
-                                    (size_t)kt_begin * SEGS
-                              : nullptr;
-      SelWord sel_next[MT][2] = {};
       bool kept_odd[MT][2] = {};
-      if (SAMOYEDS && k_tiles > 0) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, 0);
 
       for (int kt = 0; kt < k_tiles; ++kt, ++stage) {
         const int slot = stage % STAGES_WS;
-        SelWord sel[MT][2];
-        if constexpr (SAMOYEDS) {
-#pragma unroll
-          for (int h = 0; h < MT; ++h) sel[h][0] = sel_next[h][0], sel[h][1] = sel_next[h][1];
-          if (kt + 1 < k_tiles) load_sel<MT, SEGS>(sel_next, sel_row, n_seg, kt + 1);
-        }
         mbar_wait(&full[slot], (stage / STAGES_WS) & 1);
         fence_proxy_async();  // the copies wrote through the generic proxy, the wgmmas read through the async one
         const StageT& s = stages[slot];
+        SelWord sel[MT][2];
+        if constexpr (SAMOYEDS) stage_sel<MT, SEGS, A_ROWS>(sel, sel_tiles[slot].byte, sel_rows);
         // Metadata of the warp's rows g and g + 8 for the stage's 4 k-steps: one 16-byte row each, and k-step ks
         // takes halfword 2 ks + (t & 1) of both (lanes 4g, 4g + 1 carry inputs 0-15 and 16-31 of the step).
         unsigned e[MT][4];
@@ -945,8 +1016,10 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(
       int crow[MT];
 #pragma unroll
       for (int h = 0; h < MT; ++h) crow[h] = slab_row(rb, consumer * MT + (GATE_UP ? 0 : h)) + wrow0;
-      store_tile<T, SAMOYEDS, GATE_UP>(acc, acc_odd, crow, lane, n_rows, tile_start[tile], sorted_slot,
-                                       slot_weight, out, partial, N_out, slots);
+      store_tile<T, SAMOYEDS, GATE_UP>(
+          acc, acc_odd, crow, lane, [&](int n) { return info.slot[n]; },
+          [&](int n, int) { return info.weight[n]; }, out, partial, N_out, slots);
+      mbar_arrive(&item_empty[item & 1]);
     }
   }
 }

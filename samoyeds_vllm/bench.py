@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from . import ops
 from .architectures import MoEShape, moe_shape
 from .formats import Pattern, compress, prune
+from .kernels import kernel_rowsel
 from .model_maker import load_preset, preset_family
 
 DEFAULT_TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
@@ -62,7 +63,8 @@ def make_problem(shape: MoEShape, pattern: Pattern | None, tokens: int, dtype=to
     packed13 = packed2 = ()
     if pattern is not None:
         w13, w2 = prune(w13, pattern), prune(w2, pattern)
-        packed13, packed2 = tuple(compress(w13, pattern)), tuple(compress(w2, pattern))
+        packed13, packed2 = (tuple(packed._replace(rowsel=kernel_rowsel(packed.rowsel)))  # as the plugin keeps it
+                             for packed in (compress(w13, pattern), compress(w2, pattern)))
     x = torch.randn(tokens, h, generator=gen, device=device).to(dtype)
     weights, ids = random_routing(tokens, shape, routing, gen, device)
     return MoEProblem(x, weights, ids, w13, w2, packed13, packed2)

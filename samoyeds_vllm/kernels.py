@@ -190,6 +190,15 @@ def _ptr(t: torch.Tensor | None) -> np.uint64:
     return np.uint64(0 if t is None else t.data_ptr())
 
 
+def kernel_rowsel(rowsel: torch.Tensor | None) -> torch.Tensor | None:
+    """rowsel [E, R, K/V] stored as the kernels read it: segment-major ([E, K/V, R] in memory), so the selections of
+    a block's rows for one stage are contiguous bytes, copied into shared memory with the stage. The same values
+    and shape; the tensor itself when already so stored (the plugin stores it so after loading), else a copy."""
+    if rowsel is None or rowsel.transpose(-1, -2).is_contiguous():
+        return rowsel
+    return rowsel.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
 def supports(dtype: torch.dtype, w13_values: torch.Tensor, w2_values: torch.Tensor) -> bool:
     """Whether the kernels handle these activations and packed weights (else the reference implementation runs):
     bf16 / fp16, whole 64-row weight tiles and whole 128-input k tiles."""
@@ -256,6 +265,7 @@ def moe_experts_cuda(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel
     slots = tokens * top_k
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     x = x.contiguous()
+    w13_rowsel, w2_rowsel = kernel_rowsel(w13_rowsel), kernel_rowsel(w2_rowsel)
     ids = topk_ids.reshape(-1).to(torch.int64).contiguous()
     weights = topk_weights.reshape(-1).float().contiguous()
     hopper = _arch(x.device) == "sm_90a"

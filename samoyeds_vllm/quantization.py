@@ -168,6 +168,9 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
                                                  torch.nn.Parameter(tensor, requires_grad=False))
             check_packed(self._packed(layer, name), self.pattern, self.dense_shapes[name],
                          name=f"{layer.layer_name}.{name}_weight")
+            rowsel = getattr(layer, f"{name}_{SUFFIXES['rowsel']}", None)
+            if rowsel is not None:  # the kernels' layout, once, instead of a copy per forward
+                rowsel.data = kernels.kernel_rowsel(rowsel.data)
         w13, w2 = self._packed(layer, "w13").values, self._packed(layer, "w2").values
         if w13.is_cuda and not kernels.supports(w13.dtype, w13, w2):
             logger.warning("%s: the samoyeds GPU kernels need bf16/fp16 weights in whole 64-row and 128-input "

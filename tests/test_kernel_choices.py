@@ -34,3 +34,16 @@ def test_splits_keep_four_k_tiles_and_stop_at_full_gpus(slots, k_tiles):
         assert z == 1 or k_tiles // z >= 4
     wanted = SMS * (2 if k_tiles >= kernels.LONG_K_TILES else 1)
     assert kernels._splits(wanted, slots, 128, 8, k_tiles, SMS) == 1  # at least one expert: >= wanted blocks
+
+
+def test_kernel_rowsel_is_segment_major_with_the_same_values():
+    """The kernels copy a stage's row selections of 16 rows with one 16-byte copy: rowsel [E, R, K/V] must be
+    stored segment-major. kernel_rowsel gives that layout (same shape and values) and leaves such a tensor as is."""
+    import torch
+
+    rowsel = torch.randint(0, 2, (3, 64, 8), dtype=torch.uint8)
+    stored = kernels.kernel_rowsel(rowsel)
+    assert torch.equal(stored, rowsel) and stored.shape == rowsel.shape
+    assert stored.stride() == (64 * 8, 1, 64)  # segment s of row r at byte s * R + r of the expert
+    assert kernels.kernel_rowsel(stored) is stored
+    assert kernels.kernel_rowsel(None) is None
