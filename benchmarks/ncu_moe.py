@@ -2,6 +2,10 @@
 
     ncu --clock-control none --profile-from-start off [sections] python benchmarks/ncu_moe.py \
         [--shape qwen3-30b-a3b] [--pattern samoyeds] [--tokens 16384]
+
+With SAMOYEDS_LINEINFO=1 set, the kernels carry line info: `ncu --import REPORT --page source --csv --print-source
+cuda,sass` then gives each SASS instruction's warp-state samples with its csrc line (session 5 of NOTES.md split
+those by address range into the copier, the MMA main loop and the epilogue).
 """
 
 import argparse

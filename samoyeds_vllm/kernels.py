@@ -12,7 +12,8 @@ One MoE forward:
 4. sum over the top-k slots of each token (a fixed order: deterministic).
 Batches too small to fill the GPU split K over blockIdx.z into fp32 partials, which a SiLU kernel after GEMM 1
 and step 4 reduce. SAMOYEDS_POISON=1 (tests) fills the intermediate activations with NaN before GEMM 1, so an
-element the kernels fail to write shows up in the output.
+element the kernels fail to write shows up in the output. SAMOYEDS_LINEINFO=1 (profiling) compiles with -lineinfo, so
+Nsight Compute's source page maps SASS to csrc lines (benchmarks/ncu_moe.py).
 """
 
 from __future__ import annotations
@@ -85,8 +86,9 @@ def _module(ctype: str, samoyeds: bool, segment: int, arch: str):
               f"samoyeds::silu_mul_splits<{ctype}>"]
     names += [_sum_slots_name(ctype, src, vec) for src in (ctype, "float") for vec in (1, SUM_VEC)]
     try:
-        module = cupy.RawModule(code=source, options=(f"--gpu-architecture={arch}", "-std=c++17"),
-                                name_expressions=names)
+        options = (f"--gpu-architecture={arch}", "-std=c++17") + (
+            ("-lineinfo",) if os.environ.get("SAMOYEDS_LINEINFO") else ())
+        module = cupy.RawModule(code=source, options=options, name_expressions=names)
         module.compile()
     except cupy.cuda.compiler.CompileException as e:
         raise SamoyedsError(f"compiling csrc/samoyeds_moe.cu for {arch} failed:\n{e}") from None
