@@ -4,16 +4,17 @@
         [--shape qwen3-30b-a3b] [--pattern samoyeds] [--tokens 16384]
 
 With SAMOYEDS_LINEINFO=1 set, the kernels carry line info: `ncu --import REPORT --page source --csv --print-source
-cuda,sass` then gives each SASS instruction's warp-state samples with its csrc line (session 5 of NOTES.md split
-those by address range into the copier, the MMA main loop and the epilogue).
+cuda,sass` then gives each SASS instruction's warp-state samples with its csrc line, which can be split by address
+range into the copier, the MMA main loop and the epilogue (docs/benchmarks.md, "Profiling").
 """
 
 import argparse
 
 import torch
 
-from samoyeds_vllm.bench import make_problem, ours, preset_shape
-from samoyeds_vllm.formats import Pattern
+from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.tools.moe_problem import make_problem, run_sparse
+from samoyeds_vllm.tools.presets import preset_shape
 
 
 def main() -> None:
@@ -23,11 +24,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16384)
     args = parser.parse_args()
     pattern = Pattern.parse(args.pattern)
-    fn = ours(make_problem(preset_shape(args.shape), pattern, args.tokens, seed=args.tokens), pattern)
-    fn()  # compile and warm up outside the profiled range
+    problem = make_problem(preset_shape(args.shape), pattern, args.tokens, seed=args.tokens)
+    run_sparse(problem)  # compile and warm up outside the profiled range
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    fn()
+    run_sparse(problem)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 

@@ -22,8 +22,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from samoyeds_vllm.bench_e2e import VARIANTS, variant_model
-from samoyeds_vllm.formats import Pattern
+from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.tools.model_maker import preset_model
+
+VARIANTS = ("dense", "samoyeds")
 
 CATEGORIES = (  # first match wins; vLLM's dense MoE runs its SiLU-and-mul (act_and_mul) as a separate kernel
     ("moe", re.compile(r"samoyeds|moe|topk|expert|act_and_mul", re.I)),
@@ -41,7 +43,7 @@ def kernel_times(trace_dir: Path) -> dict[str, float]:
     """µs of GPU time per kernel name over every torch-profiler trace in `trace_dir`."""
     totals: dict[str, float] = defaultdict(float)
     for path in sorted(trace_dir.glob("*.json*")):
-        with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+        with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
             events = json.load(f).get("traceEvents", [])
         for event in events:
             if event.get("cat") == "kernel":
@@ -61,9 +63,17 @@ def profile_variant(model: Path, batch: int, steps: int, out: Path, engine_args:
     from vllm import LLM, SamplingParams
 
     trace_dir = out / f"trace-{model.name}-b{batch}"
-    llm = LLM(str(model), load_format="dummy", max_num_seqs=batch, **engine_args,
-              profiler_config={"profiler": "torch", "torch_profiler_dir": str(trace_dir.resolve()),
-                               "torch_profiler_with_stack": False})
+    llm = LLM(
+        str(model),
+        load_format="dummy",
+        max_num_seqs=batch,
+        **engine_args,
+        profiler_config={
+            "profiler": "torch",
+            "torch_profiler_dir": str(trace_dir.resolve()),
+            "torch_profiler_with_stack": False,
+        },
+    )
     prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 10 for j in range(8)]} for i in range(batch)]
     params = SamplingParams(max_tokens=steps, ignore_eos=True, temperature=0.0)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up
@@ -74,21 +84,32 @@ def profile_variant(model: Path, batch: int, steps: int, out: Path, engine_args:
     llm.stop_profile()
     times = kernel_times(trace_dir)
     top = sorted(times.items(), key=lambda item: -item[1])[:TOP_KERNELS]
-    return {batch: {"wall_ms_per_step": 1e3 * wall / steps,
-                    "kernel_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(by_category(times).items())},
-                    "top_kernels_us_per_step": [{"name": name[:160], "category": category(name), "us": us / steps}
-                                                for name, us in top]}}
+    return {
+        batch: {
+            "wall_ms_per_step": 1e3 * wall / steps,
+            "kernel_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(by_category(times).items())},
+            "top_kernels_us_per_step": [
+                {"name": name[:160], "category": category(name), "us": us / steps} for name, us in top
+            ],
+        }
+    }
 
 
 def table(results: dict) -> str:
     names = [name for name, _ in CATEGORIES] + ["other"]
-    lines = [f"{'variant':>9} {'batch':>5} {'wall ms':>8} " + " ".join(f"{n:>10}" for n in names)
-             + f" {'kernels':>8}  (ms per decode step)"]
+    lines = [
+        f"{'variant':>9} {'batch':>5} {'wall ms':>8} "
+        + " ".join(f"{n:>10}" for n in names)
+        + f" {'kernels':>8}  (ms per decode step)"
+    ]
     for variant, per_batch in results.items():
         for batch, r in per_batch.items():
             k = r["kernel_ms_per_step"]
-            lines.append(f"{variant:>9} {batch:>5} {r['wall_ms_per_step']:>8.2f} "
-                         + " ".join(f"{k.get(n, 0.0):>10.2f}" for n in names) + f" {sum(k.values()):>8.2f}")
+            lines.append(
+                f"{variant:>9} {batch:>5} {r['wall_ms_per_step']:>8.2f} "
+                + " ".join(f"{k.get(n, 0.0):>10.2f}" for n in names)
+                + f" {sum(k.values()):>8.2f}"
+            )
     if not any(r["kernel_ms_per_step"] for per_batch in results.values() for r in per_batch.values()):
         lines.append("no GPU kernels in the traces (a CPU run?): wall times only")
     return "\n".join(lines)
@@ -117,20 +138,37 @@ def main() -> None:
     pattern = Pattern.parse(args.pattern)
     results: dict = {}
     for variant in args.variants.split(","):
-        model = variant_model(args.preset, pattern, variant, out)
+        model = preset_model(args.preset, out / "models" / variant, pattern if variant == "samoyeds" else None)
         results[variant] = {}
         for batch in map(int, args.batch.split(",")):
-            command = [sys.executable, __file__, "--worker", str(model), str(batch), "--out", str(out),
-                       "--steps", str(args.steps), "--max-model-len", str(args.max_model_len),
-                       *(["--enforce-eager"] if args.enforce_eager else [])]
+            command = [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(model),
+                str(batch),
+                "--out",
+                str(out),
+                "--steps",
+                str(args.steps),
+                "--max-model-len",
+                str(args.max_model_len),
+                *(["--enforce-eager"] if args.enforce_eager else []),
+            ]
             log = out / f"profile-{variant}-b{batch}.log"
             with open(log, "w") as f:
                 done = subprocess.run(command, stdout=subprocess.PIPE, stderr=f, text=True)
             if done.returncode != 0:
                 sys.exit(f"{variant} batch {batch} failed (exit {done.returncode}); see {log}")
             results[variant].update(json.loads(done.stdout.strip().splitlines()[-1]))
-    record = {"preset": args.preset, "pattern": str(pattern), "steps": args.steps,
-              "enforce_eager": args.enforce_eager, "date": time.strftime("%Y-%m-%d"), "results": results}
+    record = {
+        "preset": args.preset,
+        "pattern": str(pattern),
+        "steps": args.steps,
+        "enforce_eager": args.enforce_eager,
+        "date": time.strftime("%Y-%m-%d"),
+        "results": results,
+    }
     (out / "profile-decode.json").write_text(json.dumps(record, indent=2) + "\n")
     print(table(results))
 

@@ -1,6 +1,6 @@
 """Where the time of one sparse MoE forward goes, kernel by kernel (torch.profiler / CUPTI), on a GPU.
 
-    python benchmarks/profile_moe.py [--shape qwen3-30b-a3b] [--pattern samoyeds] [--tokens 16,256]
+python benchmarks/profile_moe.py [--shape qwen3-30b-a3b] [--pattern samoyeds] [--tokens 16,256]
 """
 
 import argparse
@@ -8,8 +8,9 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from samoyeds_vllm.bench import make_problem, ours, preset_shape
-from samoyeds_vllm.formats import Pattern
+from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.tools.moe_problem import make_problem, run_sparse
+from samoyeds_vllm.tools.presets import preset_shape
 
 
 def main() -> None:
@@ -21,7 +22,11 @@ def main() -> None:
     shape = preset_shape(args.shape)
     pattern = Pattern.parse(args.pattern)
     for tokens in map(int, args.tokens.split(",")):
-        fn = ours(make_problem(shape, pattern, tokens, seed=tokens), pattern)
+        problem = make_problem(shape, pattern, tokens, seed=tokens)
+
+        def fn(problem=problem):
+            return run_sparse(problem)
+
         for _ in range(3):
             fn()
         torch.cuda.synchronize()

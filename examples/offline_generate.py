@@ -32,16 +32,26 @@ def main() -> None:
     import torch
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=args.model, dtype=args.dtype, enforce_eager=not args.compile, quantization=args.quantization,
-              hf_overrides=args.hf_overrides, load_format=args.load_format, max_model_len=1024, seed=0,
-              tensor_parallel_size=args.tensor_parallel_size,
-              # vLLM's CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE and wants a low utilisation.
-              gpu_memory_utilization=0.9 if torch.cuda.is_available() else 0.3)
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        enforce_eager=not args.compile,
+        quantization=args.quantization,
+        hf_overrides=args.hf_overrides,
+        load_format=args.load_format,
+        max_model_len=1024,
+        seed=0,
+        tensor_parallel_size=args.tensor_parallel_size,
+        # vLLM's CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE and wants a low utilisation.
+        gpu_memory_utilization=0.9 if torch.cuda.is_available() else 0.3,
+    )
     prompts = args.prompt or DEFAULT_PROMPTS
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     outputs = llm.generate(prompts, params)
-    results = [{"prompt": p, "token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text}
-               for p, o in zip(prompts, outputs)]
+    results = [
+        {"prompt": p, "token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text}
+        for p, o in zip(prompts, outputs, strict=True)
+    ]
     for r in results:
         print(f"{r['prompt']!r} -> {r['text']!r}")
     if args.json_out:

@@ -10,7 +10,7 @@ import sys
 
 from openai import OpenAI
 
-from samoyeds_vllm.server import VllmServer
+from samoyeds_vllm.tools.vllm_server import VllmServer
 
 
 def main() -> None:
@@ -28,11 +28,11 @@ def main() -> None:
     with VllmServer(model, args, log_path="vllm-serve.log", env={"VLLM_CPU_KVCACHE_SPACE": "1"}) as server:
         client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
         served = client.models.list().data[0].id
-        completion = client.completions.create(model=served, prompt="The quick brown fox", max_tokens=16,
-                                               temperature=0)
+        completion = client.completions.create(model=served, prompt="The quick brown fox", max_tokens=16, temperature=0)
         print(f"completion: {completion.choices[0].text!r}")
-        chat = client.chat.completions.create(model=served, messages=[{"role": "user", "content": "Hello!"}],
-                                              max_tokens=16, temperature=0)
+        chat = client.chat.completions.create(
+            model=served, messages=[{"role": "user", "content": "Hello!"}], max_tokens=16, temperature=0
+        )
         print(f"chat:       {chat.choices[0].message.content!r}")
         print(f"usage:      {chat.usage.prompt_tokens} prompt + {chat.usage.completion_tokens} completion tokens")
     print("server stopped (log: vllm-serve.log)")

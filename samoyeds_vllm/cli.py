@@ -11,20 +11,27 @@ from .errors import SamoyedsError
 
 
 def _make_model(args: argparse.Namespace) -> None:
-    from .model_maker import make_model
-
-    from .formats import Pattern
+    from .format import Pattern
+    from .tools.model_maker import make_model
 
     sparse = Pattern.parse(args.sparse, args.segment) if args.sparse else None
     if args.segment is not None and args.sparse != "samoyeds":
         raise SamoyedsError("--segment applies to --sparse samoyeds only")
-    make_model(args.arch, args.preset, Path(args.out), dtype=args.dtype, seed=args.seed,
-               config_only=args.config_only, force=args.force, sparse=sparse)
+    make_model(
+        args.arch,
+        args.preset,
+        Path(args.out),
+        dtype=args.dtype,
+        seed=args.seed,
+        config_only=args.config_only,
+        force=args.force,
+        sparse=sparse,
+    )
 
 
 def _convert(args: argparse.Namespace) -> None:
-    from .convert import convert
-    from .formats import Pattern
+    from .format import Pattern
+    from .tools.convert import convert
 
     if args.segment is not None and args.pattern != "samoyeds":
         raise SamoyedsError("--segment applies to --pattern samoyeds only")
@@ -36,10 +43,16 @@ def _convert(args: argparse.Namespace) -> None:
             text = Path(args.calib_file).read_text()
         except OSError as e:
             raise SamoyedsError(f"cannot read calibration file: {e}") from None
-    report = convert(Path(args.in_dir), Path(args.out_dir), Pattern.parse(args.pattern, args.segment),
-                     args.method, force=args.force,
-                     export_dense=Path(args.export_dense) if args.export_dense else None,
-                     calibration_text=text, calibration_tokens=args.calib_tokens)
+    report = convert(
+        Path(args.in_dir),
+        Path(args.out_dir),
+        Pattern.parse(args.pattern, args.segment),
+        args.method,
+        force=args.force,
+        export_dense=Path(args.export_dense) if args.export_dense else None,
+        calibration_text=text,
+        calibration_tokens=args.calib_tokens,
+    )
     print(report.table())
     print(f"wrote {args.out_dir}" + (f" and {args.export_dense}" if args.export_dense else ""))
 
@@ -47,22 +60,23 @@ def _convert(args: argparse.Namespace) -> None:
 def _bench_moe(args: argparse.Namespace) -> None:
     import torch
 
-    from .bench import bench_moe
-    from .formats import Pattern
+    from .bench.layer import bench_moe
+    from .format import Pattern
 
     if not torch.cuda.is_available():
         raise SamoyedsError("bench moe times GPU kernels and needs an NVIDIA GPU")
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     tokens = [int(t) for t in args.tokens.split(",")]
-    bench_moe(args.shape, tokens, Pattern.parse(args.pattern, args.segment), dtype, args.json,
-              with_vllm=not args.no_vllm)
+    bench_moe(
+        args.shape, tokens, Pattern.parse(args.pattern, args.segment), dtype, args.json, with_vllm=not args.no_vllm
+    )
 
 
 def _bench_e2e(args: argparse.Namespace) -> None:
     import shlex
 
-    from .bench_e2e import PROBE_FACTORS, VARIANTS, bench_e2e
-    from .formats import Pattern
+    from .bench.e2e import PROBE_FACTORS, VARIANTS, Workload, bench_e2e
+    from .format import Pattern
 
     def pairs(text):
         try:
@@ -73,11 +87,16 @@ def _bench_e2e(args: argparse.Namespace) -> None:
     variants = [v for v in args.variants.split(",") if v]
     if unknown := set(variants) - set(VARIANTS):
         raise SamoyedsError(f"--variants takes {', '.join(VARIANTS)}, not {', '.join(sorted(unknown))}")
-    bench_e2e(args.model, Pattern.parse(args.pattern, args.segment), Path(args.out), mixes=pairs(args.mixes),
-              num_prompts=args.num_prompts, concurrencies=[int(c) for c in args.concurrency.split(",")],
-              prompts_per_client=args.prompts_per_client, seq_len=args.seq_len,
-              probe_factors=[float(f) for f in args.probe_factors.split(",")] if args.probe_factors else PROBE_FACTORS,
-              engine_args=shlex.split(args.engine_args), variants=variants)
+    work = Workload(
+        mixes=tuple(pairs(args.mixes)),
+        num_prompts=args.num_prompts,
+        concurrencies=tuple(int(c) for c in args.concurrency.split(",")),
+        prompts_per_client=args.prompts_per_client,
+        seq_len=args.seq_len,
+        probe_factors=tuple(float(f) for f in args.probe_factors.split(",")) if args.probe_factors else PROBE_FACTORS,
+        engine_args=tuple(shlex.split(args.engine_args)),
+    )
+    bench_e2e(args.model, Pattern.parse(args.pattern, args.segment), Path(args.out), work, variants)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,11 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (must not exist, unless --force)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--config-only", action="store_true",
-                   help="write config.json and the tokenizer only (for load_format=dummy benchmarks)")
-    p.add_argument("--sparse", choices=["2:4", "samoyeds"],
-                   help="with --config-only: mark the config as a packed sparse checkpoint, so vLLM's "
-                        "load_format=dummy allocates only packed expert weights")
+    p.add_argument(
+        "--config-only",
+        action="store_true",
+        help="write config.json and the tokenizer only (for load_format=dummy benchmarks)",
+    )
+    p.add_argument(
+        "--sparse",
+        choices=["2:4", "samoyeds"],
+        help="with --config-only: mark the config as a packed sparse checkpoint, so vLLM's "
+        "load_format=dummy allocates only packed expert weights",
+    )
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V for --sparse")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=_make_model)
@@ -104,8 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_dir", help="where to write the sparse checkpoint (must not exist, unless --force)")
     p.add_argument("--pattern", required=True, choices=["2:4", "samoyeds"])
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V: 32, 64 or 128 (default 128)")
-    p.add_argument("--method", default="magnitude", choices=["magnitude", "wanda"],
-                   help="pruning score: |w|, or |w| times calibration activation norms (loads the model)")
+    p.add_argument(
+        "--method",
+        default="magnitude",
+        choices=["magnitude", "wanda"],
+        help="pruning score: |w|, or |w| times calibration activation norms (loads the model)",
+    )
     p.add_argument("--calib-file", help="text file of calibration data for wanda (default: built-in text)")
     p.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens for wanda")
     p.add_argument("--export-dense", metavar="DIR", help="also write the pruned weights as a dense checkpoint")
@@ -132,12 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=200)
     p.add_argument("--concurrency", default="1,4,16,64,256", help="serving client concurrencies")
     p.add_argument("--prompts-per-client", type=int, default=4, help="serving requests per concurrent client")
-    p.add_argument("--variants", default="dense,samoyeds",
-                   help="which to run now; results accumulate in OUT (a run cut short resumes), and the "
-                        "comparison is written once both are there")
+    p.add_argument(
+        "--variants",
+        default="dense,samoyeds",
+        help="which to run now; results accumulate in OUT (a run cut short resumes), and the "
+        "comparison is written once both are there",
+    )
     p.add_argument("--seq-len", type=int, default=4096, help="sequence length for the max-concurrency probe")
-    p.add_argument("--probe-factors", help="max-concurrency probes as multiples of vLLM's own estimate, "
-                                           "comma-separated (default: from 0.5 to 1.25)")
+    p.add_argument(
+        "--probe-factors",
+        help="max-concurrency probes as multiples of vLLM's own estimate, comma-separated (default: from 0.5 to 1.25)",
+    )
     p.add_argument("--engine-args", default="", help="extra engine flags for both variants, quoted")
     p.set_defaults(func=_bench_e2e)
     return parser

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from samoyeds_vllm.architectures import ARCHITECTURES
-from samoyeds_vllm.model_maker import make_model
+from samoyeds_vllm.tools.architectures import ARCHITECTURES
+from samoyeds_vllm.tools.model_maker import make_model
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,12 @@
 from pathlib import Path
 
 import torch
+from hypothesis import strategies as st
 
-from samoyeds_vllm.checkpoint import CheckpointReader
+from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.tools.checkpoint_io import CheckpointReader
+
+PATTERNS = [Pattern.parse("2:4")] + [Pattern.parse("samoyeds", v) for v in (32, 64, 128)]
 
 
 def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -32,5 +36,40 @@ def hf_greedy_tokens(model_dir: Path, prompts: list[str], max_new_tokens: int) -
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
-        results.append(out[0, ids.shape[1]:].tolist())
+        results.append(out[0, ids.shape[1] :].tolist())
     return results
+
+
+@st.composite
+def weights(draw, pattern=None):
+    """A random dense weight [experts?, m, k] whose shape fits a (drawn) pattern."""
+    pattern = pattern or draw(st.sampled_from(PATTERNS))
+    unit = pattern.segment if pattern.is_samoyeds else 32
+    m = 2 * draw(st.integers(1, 12))
+    k = unit * draw(st.integers(1, 4))
+    lead = draw(st.sampled_from([(), (1,), (3,)]))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(*lead, m, k, generator=gen).to(dtype)
+    # Sprinkle exact zeros so groups with fewer than two non-zeros occur too.
+    zero_frac = draw(st.sampled_from([0.0, 0.3, 0.9]))
+    w[torch.rand(w.shape, generator=gen) < zero_frac] = 0
+    return pattern, w
+
+
+def reference_route(logits, top_k, renormalize, groups=None, topk_group=None):
+    """Routing spelled out token by token, in float64."""
+    weights, ids = [], []
+    for row in torch.softmax(logits.double(), -1):
+        allowed = torch.ones_like(row, dtype=torch.bool)
+        if groups:
+            best = row.view(groups, -1).amax(-1).topk(topk_group).indices
+            allowed = (
+                torch.zeros(groups, dtype=torch.bool).index_fill(0, best, True).repeat_interleave(row.numel() // groups)
+            )
+        order = sorted(range(row.numel()), key=lambda e: (-float(row[e]) if allowed[e] else 1.0, e))[:top_k]
+        w = row[order]
+        weights.append(w / w.sum() if renormalize else w)
+        ids.append(order)
+    return torch.stack(weights), torch.tensor(ids)

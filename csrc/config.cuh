@@ -1,0 +1,30 @@
+// Constants the kernels and their host code (samoyeds_vllm/kernels/) must agree on. This file is the only place
+// they are written: kernels/geometry.py reads every `constexpr int NAME = value;` line below, so keep each one a
+// plain integer literal on one line. Plain C++, so a host compiler can check it (tests/unit/test_kernel_contract.py).
+#pragma once
+
+namespace samoyeds {
+
+constexpr int BK = 128;            // dense inputs per pipeline stage (4 sparse k-steps of 32)
+constexpr int STAGES = 3;          // pipeline depth of moe_gemm (mma.sp and one-warpgroup wgmma.sp)
+constexpr int SLAB_ROWS = 16;      // condensed weight rows per warp in a slab (one m16 tile)
+
+// The warp-specialised Hopper kernel (gemm_ws.cuh): pipeline depth by token-tile width, 4 x 52 KB (64 tokens) or
+// 3 x 68 KB (128) of shared memory, one block per SM.
+constexpr int WS_STAGES_BN64 = 4;
+constexpr int WS_STAGES_BN128 = 3;
+constexpr int WS_CONSUMERS = 2;    // MMA warpgroups per block, besides the copying one
+constexpr int WS_SLAB = 64;        // condensed rows per m64 wgmma tile; each MMA warpgroup owns two
+
+// The routing index (routing.cuh).
+constexpr int MAX_EXPERTS = 1024;  // shared-memory counters of the one-block routing kernel
+constexpr int ROUTE_THREADS = 256; // threads of the many-block count and scatter kernels
+constexpr int ROUTE_ILP = 8;       // slot ids each thread has in flight
+constexpr int ROUTE_CHUNK = 2048;  // slots per block of the count and scatter kernels
+static_assert(ROUTE_CHUNK == ROUTE_THREADS * ROUTE_ILP, "one chunk is one pass of the block");
+
+// The slot sum (reduce.cuh): elements per thread for large batches (16 bytes of bf16 / fp16).
+constexpr int SUM_VEC = 8;
+constexpr int ELEMENTWISE_THREADS = 256;  // threads per block of the split-K SiLU and the slot sum
+
+}  // namespace samoyeds

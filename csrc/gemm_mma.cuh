@@ -1,0 +1,226 @@
+// The expert GEMM of decode and mid-size batches (and of every batch before Hopper): mma.sp, or on sm_90a with
+// 64-token tiles one warpgroup's wgmma.mma_async.sp, in a plain STAGES-deep cp.async pipeline.
+//
+// Work decomposition:
+//   blockIdx.x: MT slabs of BM = WARPS x 16 condensed weight rows (64 to 256 rows): for GATE_UP the same BM rows
+//               of gate and of up, so SiLU(gate) * up is computed in registers; for GEMM 2 one or two stacked slabs.
+//   blockIdx.y: one token tile: up to BN (token, expert) slots of one expert (routing.cuh). Tiles past the last
+//               one have tile_rows = 0 and exit at once, so the grid is sized without knowing the routing; experts
+//               without tokens have no tiles and cost nothing.
+//   blockIdx.z: one share of the k tiles under split-K (fp32 partial sums, finished by reduce.cuh).
+//   k loop:     BK = 128 dense inputs per stage, STAGES-deep cp.async pipeline into the XOR-swizzled tiles of
+//               tiles.cuh, ldmatrix into exactly the mma.sp fragments (the compressed A tile has the dense m16n8k16
+//               layout); with WGMMA the tensor cores read B from shared memory themselves (one wgmma per m tile and
+//               k-step).
+#pragma once
+
+#include "config.cuh"
+#include "epilogue.cuh"
+#include "fold.cuh"
+#include "operands.cuh"
+#include "params.cuh"
+#include "ptx.cuh"
+#include "tiles.cuh"
+
+namespace samoyeds {
+
+// A block has WARPS = 4 or 8 warps; each warp owns MT m16 tiles of weight rows (the same 16 rows of gate and of up
+// for GATE_UP, so MT = 2 there; two stacked 16-row tiles for GEMM 2 on wide batches) and all BN tokens of the
+// token tile, so every B fragment read from shared memory feeds MT mma.sp. The block's A tile is MT slabs of
+// BM = WARPS * 16 rows.
+// WGMMA (sm_90a, BN = 64, whole warpgroups): each k-step is one wgmma.mma_async.sp per m tile and warpgroup
+// instead of NT mma.sp per warp, with B read by the tensor cores from shared memory (no ldmatrix for B).
+template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA>
+__device__ __forceinline__ void moe_gemm_body(
+    const T* __restrict__ x,               // GATE_UP: [tokens, K] activations; else [slots, K] act in sorted order
+    const T* __restrict__ values,          // [E, R, K/2]
+    const int16_t* __restrict__ meta,      // [E, R, K/16]
+    const uint8_t* __restrict__ rowsel,    // [E, R, K/V] stored segment-major (samoyeds) or null
+    T* __restrict__ out,                   // GATE_UP: act [slots, N_out]; else y [slots, N_out] by original slot
+    float* __restrict__ partial,           // split-K (gridDim.z > 1): fp32 partial sums instead of `out`:
+                                           //   GATE_UP [z, slots, 2 N_out] (gate | up), else [z, slots, N_out]
+    const int* __restrict__ tile_expert,   // [num_tiles]
+    const int* __restrict__ tile_start,    // [num_tiles] sorted position of the tile's first slot
+    const int* __restrict__ tile_rows,     // [num_tiles] slots in the tile (0: no work)
+    const int* __restrict__ sorted_slot,   // [slots] original slot (token * top_k + j) in expert order
+    const float* __restrict__ slot_weight, // [slots] routing weight by original slot (GEMM 2)
+    int R,                                 // packed rows per expert (both halves for GATE_UP)
+    int K,                                 // dense inputs
+    int top_k,
+    int N_out,                             // output features (row stride of out)
+    int slots) {                           // slots in the batch (row count of `partial` per split)
+  static_assert(!GATE_UP || MT == 2, "GATE_UP pairs one gate tile with one up tile");
+  static_assert(BK % V == 0 && V % 32 == 0, "a segment is whole k-steps of one stage");
+  static_assert(!WGMMA || (BN == 64 && WARPS % 4 == 0), "wgmma: m64n64 per warpgroup");
+  constexpr int THREADS = WARPS * 32;
+  constexpr int BM = WARPS * SLAB_ROWS;    // condensed rows per slab
+  using StageT = Stage<BN, MT * BM>;
+  constexpr int A_ROWS = MT * BM;
+  constexpr int NT = BN / 8;               // n8 tiles per warp
+  constexpr int SEGS = BK / V;             // row-selection segments per stage (samoyeds)
+  constexpr int SEG_STEPS = V / 32;        // k-steps per segment
+  using SelWord = typename SelWordOf<SEGS>::type;
+  using SelT = SelTile<SAMOYEDS ? SEGS : 1, SAMOYEDS ? A_ROWS : 16>;
+
+  const int tile = blockIdx.y;
+  const int n_rows = tile_rows[tile];
+  if (n_rows == 0) return;
+  const int expert = tile_expert[tile];
+  const int first = tile_start[tile];
+  const int half_rows = GATE_UP ? R / 2 : R;
+  const int row0 = blockIdx.x * (GATE_UP ? BM : A_ROWS);  // first condensed row (within the gate half for GATE_UP)
+  const int slab_rows = GATE_UP ? half_rows : BM;          // row distance between the slabs (gate -> up, or stacked)
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // STAGES stages + 1 KB to align them
+  StageT* stages = aligned_stages<StageT>(smem_raw);
+  __shared__ int token_row[BN];            // row of x holding each tile column (-1: padding)
+  __shared__ __align__(16) SelT sel_tiles[STAGES];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  if (tid < BN) {
+    int pos = first + tid;
+    token_row[tid] = tid < n_rows ? (GATE_UP ? sorted_slot[pos] / top_k : pos) : -1;
+  }
+  __syncthreads();
+
+  const size_t expert_rows = (size_t)expert * R;
+  const KRange k_range(K);  // split-K: this block's share of the k tiles
+  const int kt_begin = k_range.begin, k_tiles = k_range.count;
+
+  // Per-thread copy addresses, fixed for the whole k loop (a stage only adds its k offset). A: chunk c = tid % 8
+  // of rows tid / 8 + j * THREADS / 8, j < 4 per slab, so the XOR swizzle (row & 7) is the same for every j.
+  constexpr int A_STEP = THREADS / 8;      // rows between a thread's A chunks
+  static_assert(BM == 4 * A_STEP, "four A chunks per thread and slab");
+  const int a_row = tid >> 3, a_chunk = tid & 7;
+  const T* a_src = values + (expert_rows + row0 + a_row) * (K / 2) + (size_t)kt_begin * (BK / 2) + a_chunk * 8;
+  const size_t a_step = (size_t)A_STEP * (K / 2), a_slab = (size_t)slab_rows * (K / 2);
+  const int a_dst = a_row * 8 + (a_chunk ^ (a_row & 7));
+  // meta: one 16-byte chunk (the 128 inputs of a stage) per row; thread r < A_ROWS copies row r.
+  const int m_slab = tid / BM;
+  const int16_t* m_src = meta + (expert_rows + row0 + (tid % BM) + (size_t)m_slab * slab_rows) * (K / 16) +
+                         (size_t)kt_begin * (BK / 16);
+  // B: chunk tid % 16 of token columns tid / 16 + j * THREADS / 16, gathered through the routing index.
+  constexpr int B_STEP = THREADS / 16;
+  constexpr int B_ITERS = (BN + B_STEP - 1) / B_STEP;
+  const int b_col = tid >> 4, b_chunk = tid & 15;
+  // rowsel (samoyeds): thread tid < SelT::CHUNKS copies 16 rows of one segment per stage (its address made at
+  // each stage: held for the whole loop it made ptxas spill in the decode tiles).
+  const int n_seg = K / V;
+
+  auto load_stage = [&](int slot, int kt) {
+    StageT& s = stages[slot];
+    const size_t k_off = (size_t)kt * BK;
+#pragma unroll
+    for (int h = 0; h < MT; ++h)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        cp_async16(&s.a.chunk[a_dst + (h * BM + j * A_STEP) * 8], a_src + h * a_slab + j * a_step + k_off / 2, 16);
+    if (tid < A_ROWS) cp_async16(&s.meta.half[tid * 8], m_src + k_off / 16, 16);
+    if (SAMOYEDS && tid < SelT::CHUNKS) {
+      int sel_dst;
+      const uint8_t* sel_src =
+          SelT::template source<BM>(rowsel + (size_t)expert * n_seg * R, R, (kt_begin + kt) * SEGS, tid,
+                                    [&](int h) { return row0 + h * slab_rows; }, sel_dst);
+      cp_async16(&sel_tiles[slot].byte[sel_dst], sel_src, 16);
+    }
+#pragma unroll
+    for (int j = 0; j < B_ITERS; ++j) {
+      const int n = b_col + j * B_STEP;
+      if (B_ITERS * B_STEP > BN && n >= BN) break;
+      const int src_row = token_row[n];
+      const T* src = x + (size_t)(src_row < 0 ? 0 : src_row) * K + (size_t)(kt_begin + kt) * BK + b_chunk * 8;
+      cp_async16(&s.b.chunk[BTile<BN>::at(n, b_chunk)], src, src_row < 0 ? 0 : 16);
+    }
+  };
+
+  // Accumulators: [m tile][n8 tile][4]. For samoyeds, one per row of the pair (see the fold below).
+  float acc[MT][NT][4] = {};
+  float acc_odd[MT][NT][4] = {};   // unused (optimised away) for 2:4
+
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  const int wrow0 = warp * 16;  // this warp's first row inside a slab
+  // Samoyeds fold: fold_segment before each segment (kept_odd[h][r] for rows g and g + 8 of tile h), with the
+  // stage's row selections from its SelTile.
+  bool kept_odd[MT][2] = {};
+  int sel_rows[MT];
+#pragma unroll
+  for (int h = 0; h < MT; ++h) sel_rows[h] = h * BM + wrow0 + g;
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    if constexpr (WGMMA) fence_proxy_async();
+    __syncthreads();
+    SelWord sel[MT][2];
+    if constexpr (SAMOYEDS) stage_sel<MT, SEGS, A_ROWS>(sel, sel_tiles[kt % STAGES].byte, sel_rows);
+    if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+    cp_async_commit();
+    const StageT& s = stages[kt % STAGES];
+
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      if (SAMOYEDS && ks % SEG_STEPS == 0) {  // a segment starts: bring the kept rows' accumulators in place
+        if (WGMMA && ks > 0) wgmma_drain(acc);  // V < 128: the segment before, in this stage, must finish first
+        fold_segment(acc, acc_odd, sel, kept_odd, ks / SEG_STEPS);
+      }
+      unsigned a[MT][4], e[MT];
+#pragma unroll
+      for (int h = 0; h < MT; ++h) {
+        const int r = h * BM + wrow0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        const int c = ks * 2 + (lane >> 4);
+        ldmatrix_x4(a[h], &s.a.chunk[r * 8 + (c ^ (r & 7))]);
+        const int mr = h * BM + wrow0 + g;
+        e[h] = (unsigned)s.meta.half[mr * 8 + ks * 2 + (t & 1)] |
+               ((unsigned)s.meta.half[(mr + 8) * 8 + ks * 2 + (t & 1)] << 16);
+      }
+      if constexpr (WGMMA) {
+#pragma unroll
+        for (int h = 0; h < MT; ++h) wgmma_pin(acc[h]);
+        wgmma_fence();
+        // k-step ks: inputs 32 ks.. of the stage, from byte 64 (ks % 2) of the rows of panel ks / 2 (row 0 is
+        // unswizzled, so its chunk 4 (ks % 2) is that address; the tensor cores apply the swizzle to the rest).
+        const unsigned long long desc = sw128_desc(&s.b.chunk[BTile<BN>::at(0, ks * 4)]);
+#pragma unroll
+        for (int h = 0; h < MT; ++h) wgmma_sp_n64<T>(acc[h], a[h], desc, e[h]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          unsigned b[4];
+          const int n = j * 8 + (lane & 7);
+          const int c = ks * 4 + (lane >> 3);
+          ldmatrix_x4(b, &s.b.chunk[BTile<BN>::at(n, c)]);
+#pragma unroll
+          for (int h = 0; h < MT; ++h) mma_sp<T>(acc[h][j], a[h], b, e[h]);
+        }
+      }
+    }
+    if constexpr (WGMMA) wgmma_drain(acc);  // before the stage's shared memory is refilled or d is read
+  }
+  cp_async_wait<0>();
+  if constexpr (SAMOYEDS) unfold(acc, acc_odd, kept_odd);
+  int crow[MT];
+#pragma unroll
+  for (int h = 0; h < MT; ++h) crow[h] = row0 + (GATE_UP ? 0 : h * BM) + wrow0;
+  store_tile<T, SAMOYEDS, GATE_UP>(
+      acc, acc_odd, crow, lane,
+      [&](int n) { return n >= n_rows ? -1 : GATE_UP ? first + n : sorted_slot[first + n]; },
+      [&](int, int slot) { return slot < 0 ? 1.0f : slot_weight[slot]; }, out, partial, N_out, slots);
+}
+
+
+// The kernel: this GEMM's operands from the layer's parameters, as restrict-qualified arguments of the body (the
+// compiler then knows they do not alias: same code as separate kernel arguments; read through a struct, the
+// pointers lost that and the kernels took more registers and spilled).
+template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA>
+__global__ void __launch_bounds__(WARPS * 32) moe_gemm(const __grid_constant__ MoEParams p) {
+  const GemmOperands<T, GATE_UP> op{p};
+  moe_gemm_body<T, SAMOYEDS, V, BN, GATE_UP, WARPS, MT, WGMMA>(
+      op.x(), op.values(), op.meta(), op.rowsel(), op.out(), op.partial(), p.tile_expert, p.tile_start, p.tile_rows,
+      p.sorted_slot, p.topk_weights, op.R(), op.K(), p.top_k, op.N_out(), p.slots);
+}
+
+}  // namespace samoyeds

@@ -1,0 +1,296 @@
+// The warp-specialised expert GEMM of wide token tiles on Hopper (sm_90a): wgmma.mma_async.sp fed by a copying
+// warpgroup, persistent blocks walking (token tile, row block) work items.
+//
+// Warpgroup 0 copies (cp.async: the weight tiles, and the tokens gathered through the routing index), two MMA
+// warpgroups multiply: each owns MT = 2 m64 tiles of condensed weight rows (the same 64 rows of gate and of up for
+// GATE_UP, two stacked 64-row slabs for GEMM 2) and shares the block's B tile of BN tokens (64; 128 for 2:4, which
+// keeps one accumulator set). Stages pass between them through mbarriers (full: the copies landed; empty: the
+// wgmmas that read a stage are done), so the copies of later stages run while the tensor cores work, and the two
+// MMA warpgroups overlap one's fold and drain with the other's wgmmas. A and B are both read by the tensor cores
+// from the 128-byte-swizzled tiles of tiles.cuh through descriptors; only the metadata passes through registers.
+// The blocks are persistent (one per SM), so the copier fills the next work item's stages while the MMA
+// warpgroups run an epilogue. What both GEMM kernels share is written once: the tiles and the split-K range
+// (tiles.cuh), the operands (operands.cuh), the samoyeds fold (fold.cuh) and the epilogue (epilogue.cuh). The stage
+// copies are each kernel's own: here one 128-thread warpgroup on 64 registers copies for the whole block and runs
+// ahead across work items, in moe_gemm every thread copies its share of the next stage and then multiplies.
+#pragma once
+
+#include "config.cuh"
+#include "epilogue.cuh"
+#include "fold.cuh"
+#include "operands.cuh"
+#include "params.cuh"
+#include "ptx.cuh"
+#include "tiles.cuh"
+
+namespace samoyeds {
+
+namespace ws {
+constexpr int CONSUMERS = WS_CONSUMERS;  // MMA warpgroups per block
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+// Pipeline depth by token-tile width (config.cuh); each stage is handed over by the arrivals its copies trigger
+// when they land, so every free stage is in flight.
+template <int BN> constexpr int STAGES = BN == 64 ? WS_STAGES_BN64 : WS_STAGES_BN128;
+// Registers per thread after setmaxnreg: the block's launch allocation (384 threads x the launch-bounds cap of
+// 168) split between the roles; ptxas spills least with these (nvcc 13.0).
+constexpr int COPY_REGS = 64;
+constexpr int MMA_REGS = 216;
+// GEMMs of many row blocks (large experts) take their work items in groups of TILE_GROUP token tiles, row block
+// outer, tile inner: the ~132 blocks running at one time take ~8 row blocks of one group of tiles, so each weight
+// row block is read from DRAM about once per group and the group's tokens stay in L2. Row block inner, the blocks
+// running at one time spanned all row blocks of ~2 tiles, and a Mixtral expert's 66 MB of gate/up weights left L2
+// before the next tiles came (ncu: GEMM 1 at 70% of DRAM bandwidth at T = 4096); grouped, Mixtral's layer was
+// 6-10% faster (H100). With few row blocks (Qwen3: 3 and 4) an expert's weights stay in L2 either way, and the
+// groups measured 2% slower at T = 16384, so those keep row block inner (a group of one tile).
+constexpr int TILE_GROUP = 16;
+constexpr int GROUPED_FROM_ROW_BLOCKS = 8;
+}  // namespace ws
+
+
+// What the copier tells the MMA warpgroups about their next work item, through a ring of two passed like the stages
+// (item_full / item_empty mbarriers), so that they read no global memory themselves: the row block, and each token
+// column's output row and routing weight for the epilogue, which the copier reads while it runs ahead (as dependent
+// global loads at the start and in the epilogue of each item they were ~45% of the MMA warps' time in Qwen3's GEMM 2
+// at T = 16384, ncu, H100). n_rows = -1: no more items.
+template <int BN> struct ItemInfo {
+  int slot[BN];      // output row of each token column (GATE_UP: its sorted position); -1 for padding
+  float weight[BN];  // routing weight of each column (1 for GATE_UP)
+  int row_block, n_rows;
+};
+
+template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP>
+__device__ __forceinline__ void moe_gemm_ws_body(
+    const T* __restrict__ x, const T* __restrict__ values, const int16_t* __restrict__ meta,
+    const uint8_t* __restrict__ rowsel, T* __restrict__ out, float* __restrict__ partial,
+    const int* __restrict__ tile_expert, const int* __restrict__ tile_start, const int* __restrict__ tile_rows,
+    const int* __restrict__ sorted_slot, const float* __restrict__ slot_weight, int R, int K, int top_k, int N_out,
+    int slots,            // the arguments of moe_gemm_body, then:
+    int row_blocks,       // blocks of 128 condensed rows (per half for GATE_UP)
+    int num_tiles) {      // token tiles in the tile map
+  using ws::CONSUMERS;
+  static_assert(BN == 64 || (BN == 128 && !SAMOYEDS), "samoyeds keeps two accumulator sets: 64 tokens fit");
+  constexpr int MT = 2, NT = BN / 8, SLAB = WS_SLAB;
+  constexpr int SLABS = CONSUMERS * MT;
+  constexpr int A_ROWS = SLABS * SLAB;
+  constexpr int STAGES_WS = ws::STAGES<BN>;
+  constexpr int SEGS = BK / V, SEG_STEPS = V / 32;
+  using StageT = Stage<BN, A_ROWS>;
+  using SelWord = typename SelWordOf<SEGS>::type;
+  using SelT = SelTile<SAMOYEDS ? SEGS : 1, SAMOYEDS ? A_ROWS : 16>;
+  static_assert(BK % V == 0 && V % 32 == 0, "a segment is whole k-steps of one stage");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  StageT* stages = aligned_stages<StageT>(smem_raw);
+  __shared__ __align__(16) SelT sel_tiles[STAGES_WS];
+  __shared__ ItemInfo<BN> item_info[2];
+  __shared__ unsigned long long full[STAGES_WS], empty[STAGES_WS], item_full[2], item_empty[2];
+  // The copier's: row of x for each token column of the item (-1: padding), column b_col + 8 j at [b_col][j], so a
+  // copying thread reads the rows of its columns four at a time. With one dependent 4-byte load in front of each
+  // B cp.async the copier's issue was what the MMA warpgroups waited for (H100 ncu, 2:4 at T = 4096); this read
+  // made the layer 6-9% faster at T = 4096 / 16384.
+  __shared__ __align__(16) int token_rows[8][BN / 8];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES_WS; ++s) {
+      mbar_init(&full[s], 128);
+      mbar_init(&empty[s], 128 * CONSUMERS);
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(&item_full[s], 128);
+      mbar_init(&item_empty[s], 128 * CONSUMERS);
+    }
+  }
+  __syncthreads();
+
+  const int half_rows = GATE_UP ? R / 2 : R;
+  const KRange k_range(K);  // split-K: this block's share of the k tiles
+  const int kt_begin = k_range.begin, k_tiles = k_range.count;
+  // Slab q = consumer * MT + h of row block rb: its first condensed row in the expert (GATE_UP: h = 1 is up).
+  auto slab_row = [&](int rb, int q) {
+    const int row0 = rb * CONSUMERS * (GATE_UP ? SLAB : MT * SLAB);
+    return GATE_UP ? row0 + (q / MT) * SLAB + (q % MT) * half_rows : row0 + q * SLAB;
+  };
+
+  if (warp < 4) {  // ---- the copier warpgroup
+    regs_shrink<ws::COPY_REGS>();
+    // A: chunk tid % 8 of rows tid / 8 + 16 j (j < 4) of every slab; the XOR swizzle (row & 7) is the same for all.
+    // meta: one 16-byte chunk per row and stage, rows tid + 128 i. B: chunk tid % 16 of token columns
+    // tid / 16 + 8 j (j < BN / 8), gathered through the routing index. rowsel: one chunk per thread < CHUNKS.
+    const int a_row = tid >> 3, a_chunk = tid & 7, b_col = tid >> 4, b_chunk = tid & 15;
+    const int a_dst = a_row * 8 + (a_chunk ^ (a_row & 7));
+    const int n_seg = K / V;
+    int stage = 0;  // stages issued over all items
+    int item = 0;   // items handed to the MMA warpgroups
+    // Persistent blocks walk the work items (token tile, row block) in TILE_GROUP order. The copier skips the
+    // empty tiles, hands each item to the MMA warpgroups through item_info, and counts stages over all items: it
+    // runs ahead into the next item while the MMA warpgroups run an epilogue.
+    const int tile_group = row_blocks >= ws::GROUPED_FROM_ROW_BLOCKS ? ws::TILE_GROUP : 1;
+    for (int w = blockIdx.x; w < row_blocks * num_tiles; w += gridDim.x) {
+      const int group = w / (tile_group * row_blocks), in_group = w % (tile_group * row_blocks);
+      const int group_tiles = min(tile_group, num_tiles - group * tile_group);
+      const int tile = group * tile_group + in_group % group_tiles, rb = in_group / group_tiles;
+      const int n_rows = tile_rows[tile];
+      if (n_rows == 0) continue;
+      const int expert = tile_expert[tile];
+      const size_t expert_rows = (size_t)expert * R;
+      const int first = tile_start[tile];
+      // One base address each for A and meta; the slabs sit at fixed row offsets from the first (few registers
+      // here: the copier runs on COPY_REGS).
+      const T* a_src = values + (expert_rows + slab_row(rb, 0) + a_row) * (K / 2) + (size_t)kt_begin * (BK / 2) +
+                       a_chunk * 8;
+      const int16_t* m_src = meta + (expert_rows + slab_row(rb, tid / SLAB) + tid % SLAB) * (K / 16) +
+                             (size_t)kt_begin * (BK / 16);
+      auto slab_offset = [&](int q) { return slab_row(rb, q) - slab_row(rb, 0); };
+      int sel_dst = 0;
+      const uint8_t* sel_src =
+          SAMOYEDS && tid < SelT::CHUNKS
+              ? SelT::template source<SLAB>(rowsel + (size_t)expert * n_seg * R, R, kt_begin * SEGS, tid,
+                                            [&](int q) { return slab_row(rb, q); }, sel_dst)
+              : nullptr;
+      ItemInfo<BN>& info = item_info[item & 1];
+      if (item >= 2) mbar_wait(&item_empty[item & 1], ((item >> 1) - 1) & 1);
+      copier_sync();  // every copier thread is done with the last item's token rows
+      if (tid < BN) {  // column tid is entry j = tid / 8 of the rows of b_col = tid % 8 (see token_rows)
+        int row = -1, slot = -1;
+        float weight = 1.0f;
+        if (tid < n_rows) {
+          const int pos = first + tid;
+          if (GATE_UP) {
+            row = sorted_slot[pos] / top_k;
+            slot = pos;
+          } else {
+            row = pos;
+            slot = sorted_slot[pos];
+            weight = slot_weight[slot];
+          }
+        }
+        token_rows[tid % 8][tid / 8] = row;
+        info.slot[tid] = slot;
+        info.weight[tid] = weight;
+      }
+      if (tid == 0) info.row_block = rb, info.n_rows = n_rows;
+      mbar_arrive(&item_full[item & 1]);
+      ++item;
+      copier_sync();
+      const T* b_src = x + (size_t)kt_begin * BK + b_chunk * 8;
+      for (int kt = 0; kt < k_tiles; ++kt, ++stage) {
+        const int slot = stage % STAGES_WS;
+        if (stage >= STAGES_WS) mbar_wait(&empty[slot], (stage / STAGES_WS - 1) & 1);
+        StageT& s = stages[slot];
+#pragma unroll
+        for (int q = 0; q < SLABS; ++q)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            cp_async16(&s.a.chunk[a_dst + (q * SLAB + 16 * j) * 8],
+                       a_src + (slab_offset(q) + 16 * j) * (K / 2) + kt * (BK / 2), 16);
+#pragma unroll
+        for (int i = 0; i < A_ROWS / 128; ++i)  // row tid + 128 i: slab tid / 64 + 2 i
+          cp_async16(&s.meta.half[(tid + 128 * i) * 8],
+                     m_src + (slab_offset(tid / SLAB + 2 * i) - slab_offset(tid / SLAB)) * (K / 16) +
+                         kt * (BK / 16),
+                     16);
+        if (SAMOYEDS && tid < SelT::CHUNKS)
+          cp_async16(&sel_tiles[slot].byte[sel_dst], sel_src + (size_t)kt * SEGS * R, 16);
+#pragma unroll
+        for (int q = 0; q < BN / 32; ++q) {
+          const int4 rows = *reinterpret_cast<const int4*>(&token_rows[b_col][4 * q]);
+          const int row[4] = {rows.x, rows.y, rows.z, rows.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            cp_async16(&s.b.chunk[BTile<BN>::at(b_col + 8 * (4 * q + i), b_chunk)],
+                       b_src + (size_t)(row[i] < 0 ? 0 : row[i]) * K + kt * BK, row[i] < 0 ? 0 : 16);
+        }
+        mbar_arrive_on_copies(&full[slot]);  // the stage is full once all 128 threads' copies landed
+      }
+    }
+    if (item >= 2) mbar_wait(&item_empty[item & 1], ((item >> 1) - 1) & 1);
+    if (tid == 0) item_info[item & 1].n_rows = -1;
+    mbar_arrive(&item_full[item & 1]);
+    cp_async_commit();
+    cp_async_wait<0>();
+  } else {  // ---- an MMA warpgroup
+    regs_grow<ws::MMA_REGS>();
+    const int consumer = warp / 4 - 1, wrow0 = (warp & 3) * 16;
+    const int g = lane >> 2, t = lane & 3;
+    int sel_rows[MT];  // row g of each m tile in the block's row order (SelTile)
+#pragma unroll
+    for (int h = 0; h < MT; ++h) sel_rows[h] = (consumer * MT + h) * SLAB + wrow0 + g;
+    int stage = 0;
+    for (int item = 0;; ++item) {
+      mbar_wait(&item_full[item & 1], (item >> 1) & 1);
+      const ItemInfo<BN>& info = item_info[item & 1];
+      const int n_rows = info.n_rows, rb = info.row_block;
+      if (n_rows < 0) break;
+      float acc[MT][NT][4] = {};
+      float acc_odd[MT][NT][4] = {};  // samoyeds only: the odd rows' share (fold_segment)
+      bool kept_odd[MT][2] = {};
+
+      for (int kt = 0; kt < k_tiles; ++kt, ++stage) {
+        const int slot = stage % STAGES_WS;
+        mbar_wait(&full[slot], (stage / STAGES_WS) & 1);
+        fence_proxy_async();  // the copies wrote through the generic proxy, the wgmmas read through the async one
+        const StageT& s = stages[slot];
+        SelWord sel[MT][2];
+        if constexpr (SAMOYEDS) stage_sel<MT, SEGS, A_ROWS>(sel, sel_tiles[slot].byte, sel_rows);
+        // Metadata of the warp's rows g and g + 8 for the stage's 4 k-steps: one 16-byte row each, and k-step ks
+        // takes halfword 2 ks + (t & 1) of both (lanes 4g, 4g + 1 carry inputs 0-15 and 16-31 of the step).
+        unsigned e[MT][4];
+#pragma unroll
+        for (int h = 0; h < MT; ++h) {
+          const int mr = (consumer * MT + h) * SLAB + wrow0 + g;
+          const uint4 lo = *reinterpret_cast<const uint4*>(&s.meta.half[mr * 8]);
+          const uint4 hi = *reinterpret_cast<const uint4*>(&s.meta.half[(mr + 8) * 8]);
+          const unsigned pick = (t & 1) ? 0x7632 : 0x5410;
+          e[h][0] = __byte_perm(lo.x, hi.x, pick);
+          e[h][1] = __byte_perm(lo.y, hi.y, pick);
+          e[h][2] = __byte_perm(lo.z, hi.z, pick);
+          e[h][3] = __byte_perm(lo.w, hi.w, pick);
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          if (ks % SEG_STEPS == 0) {  // a segment starts (2:4: the stage)
+            if constexpr (SAMOYEDS) {
+              if (ks > 0) wgmma_drain(acc);  // V < 128: the segment before, in this stage, must finish first
+              fold_segment(acc, acc_odd, sel, kept_odd, ks / SEG_STEPS);
+            }
+#pragma unroll
+            for (int h = 0; h < MT; ++h) wgmma_pin(acc[h]);
+            wgmma_fence();
+          }
+          // k-step ks: 16 compressed values (32 B) into each A row, 32 inputs (64 B) into the B rows of panel
+          // ks / 2; row 0 of each tile is unswizzled, so those are the start addresses.
+          const unsigned long long b_desc = sw128_desc(&s.b.chunk[BTile<BN>::at(0, ks * 4)]);
+#pragma unroll
+          for (int h = 0; h < MT; ++h)
+            wgmma_sp_ss<T, BN>(acc[h], sw128_desc(&s.a.chunk[(consumer * MT + h) * SLAB * 8 + ks * 2]),
+                               b_desc, e[h][ks]);
+        }
+        wgmma_drain(acc);
+        mbar_arrive(&empty[slot]);
+      }
+      if constexpr (SAMOYEDS) unfold(acc, acc_odd, kept_odd);
+      int crow[MT];
+#pragma unroll
+      for (int h = 0; h < MT; ++h) crow[h] = slab_row(rb, consumer * MT + (GATE_UP ? 0 : h)) + wrow0;
+      store_tile<T, SAMOYEDS, GATE_UP>(
+          acc, acc_odd, crow, lane, [&](int n) { return info.slot[n]; },
+          [&](int n, int) { return info.weight[n]; }, out, partial, N_out, slots);
+      mbar_arrive(&item_empty[item & 1]);
+    }
+  }
+}
+
+
+// The kernel: as moe_gemm, the operands as restrict-qualified arguments of the body; work items are (token tile,
+// row block) pairs, row blocks of CONSUMERS x MT x 64 condensed rows (per half for GATE_UP).
+template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP>
+__global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(const __grid_constant__ MoEParams p) {
+  const GemmOperands<T, GATE_UP> op{p};
+  const int row_blocks = (GATE_UP ? op.R() / 2 : op.R()) / (ws::CONSUMERS * (GATE_UP ? 1 : 2) * WS_SLAB);
+  moe_gemm_ws_body<T, SAMOYEDS, V, BN, GATE_UP>(
+      op.x(), op.values(), op.meta(), op.rowsel(), op.out(), op.partial(), p.tile_expert, p.tile_start, p.tile_rows,
+      p.sorted_slot, p.topk_weights, op.R(), op.K(), p.top_k, op.N_out(), p.slots, row_blocks, p.num_tiles);
+}
+
+}  // namespace samoyeds

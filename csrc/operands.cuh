@@ -1,0 +1,33 @@
+// What one of the layer's two expert GEMMs reads and writes, taken from the layer's MoEParams (params.cuh) by both
+// GEMM kernels. The weights are the sparse A operand (rows = output features), the tokens of one expert the dense
+// B operand (columns), so a decode step with a handful of tokens per expert still runs full tensor-core tiles of
+// weights:
+//   GATE_UP = true :  act[pos, :] = SiLU(W1_e x_t) * (W3_e x_t)      x_t read in place through the routing index
+//   GATE_UP = false:  y[slot, :]  = w_slot * W2_e act[pos, :]        routing weight fused; y summed over top-k later
+#pragma once
+
+#include "params.cuh"
+#include "ptx.cuh"
+
+namespace samoyeds {
+
+template <typename T, bool GATE_UP>
+struct GemmOperands {
+  const MoEParams& p;  // the kernel's __grid_constant__ parameters
+
+  __device__ __forceinline__ const PackedExperts& weights() const { return GATE_UP ? p.w13 : p.w2; }
+  // B rows. GATE_UP: x [tokens, K]; else act [slots, K] in sorted order
+  __device__ __forceinline__ const T* x() const { return static_cast<const T*>(GATE_UP ? p.x : p.act); }
+  __device__ __forceinline__ const T* values() const { return static_cast<const T*>(weights().values); }
+  __device__ __forceinline__ const int16_t* meta() const { return weights().meta; }
+  __device__ __forceinline__ const uint8_t* rowsel() const { return weights().rowsel; }
+  // GATE_UP: act by sorted position; else y by original slot
+  __device__ __forceinline__ T* out() const { return static_cast<T*>(GATE_UP ? p.act : p.y); }
+  // split-K partial sums (GEMM 2 writes them to y itself, which is fp32 then)
+  __device__ __forceinline__ float* partial() const { return GATE_UP ? p.gate_up_partial : static_cast<float*>(p.y); }
+  __device__ __forceinline__ int R() const { return weights().rows; }  // packed rows per expert (both halves)
+  __device__ __forceinline__ int K() const { return GATE_UP ? p.hidden : p.inter; }  // dense inputs
+  __device__ __forceinline__ int N_out() const { return GATE_UP ? p.inter : p.hidden; }  // output row stride
+};
+
+}  // namespace samoyeds

@@ -1,0 +1,51 @@
+// The parameters of one MoE forward: every kernel of this directory takes this struct (by value, in the kernel
+// parameter space) and reads the fields it needs. samoyeds_vllm/kernels/params.py fills it: its MoEParams and
+// PackedExperts mirror these structs field for field, and tests/unit/test_kernel_contract.py compiles this header
+// and checks the names, order and offsets. Plain C++ (one member per line), so a host compiler can check it.
+#pragma once
+
+namespace samoyeds {
+
+// One projection of every expert, packed (format version 1, samoyeds_vllm/format/packing.py).
+struct PackedExperts {
+  const void* values;            // [E, R, K/2] the kept values, in the activations' dtype
+  const short* meta;             // [E, R, K/16] ordered sparse-MMA metadata, 4 nibbles per 16 inputs
+  const unsigned char* rowsel;   // [E, R, K/V] samoyeds row selections stored segment-major; null for 2:4
+  int rows;                      // R: packed rows per expert (w13: the gate rows, then the up rows)
+};
+
+// Slot s = token * top_k + j is the j-th expert choice of a token.
+struct MoEParams {
+  // The batch and its routing
+  const long long* topk_ids;     // [slots] expert of each slot; ids outside [0, num_experts) live on another rank
+  const float* topk_weights;     // [slots] fp32 routing weight of each slot
+  int tokens;
+  int top_k;
+  int slots;                     // tokens * top_k
+  int num_experts;               // experts of this rank
+  int hidden;                    // H: model width (GEMM 1's K, GEMM 2's output rows)
+  int inter;                     // I: expert width (GEMM 1's output rows per half, GEMM 2's K)
+  // The routing index, written by routing.cuh before the GEMMs
+  int* sorted_slot;              // [slots] original slot at each sorted position (slots grouped by expert)
+  int* tile_expert;              // [num_tiles] expert of each token tile
+  int* tile_start;               // [num_tiles] sorted position of the tile's first slot
+  int* tile_rows;                // [num_tiles] slots in the tile; 0: no work (the grid is sized from shapes)
+  int* chunk_counts;             // [chunks, num_experts] per-chunk counts, then first positions (chunks > 0)
+  int token_tile;                // BN: most slots of one expert per token tile (one tile map for both GEMMs)
+  int num_tiles;
+  int chunks;                    // 0: one block counts and scatters; else blocks of ROUTE_CHUNK slots
+  // GEMM 1, gate and up: act = SiLU(x W1^T) * (x W3^T)
+  PackedExperts w13;
+  const void* x;                 // [tokens, hidden], read in place through the routing index
+  void* act;                     // [slots, inter] by sorted position
+  float* gate_up_partial;        // [gate_up_splits, slots, 2 inter] fp32 split-K partial sums (gate | up), or null
+  int gate_up_splits;            // split-K factor of GEMM 1 (its gridDim.z)
+  // GEMM 2, down: y[slot] = topk_weight[slot] * W2 act
+  PackedExperts w2;
+  void* y;                       // [down_splits, slots, hidden]: the activations' dtype, fp32 partials when split
+  int down_splits;               // split-K factor of GEMM 2 (its gridDim.z)
+  // The sum over each token's top-k slots
+  void* out;                     // [tokens, hidden]
+};
+
+}  // namespace samoyeds

@@ -1,0 +1,73 @@
+// Shared-memory tiles of one pipeline stage, and the pieces of the k loop both GEMM kernels share.
+//
+// A tile: rows x 64 compressed values (128 B = 8 chunks of 16 B); chunk c of row r lives at c ^ (r & 7), so the
+// 8 rows one ldmatrix reads fall in 8 different bank groups, and it is the 128-byte-swizzled K-major layout that
+// wgmma reads through a descriptor (sw128_desc). B tile: BN tokens x 128 inputs in two 64-input panels
+// (BTile::at), the same XOR inside each panel. Meta tile: rows x 8 halfwords (the metadata of 128 dense inputs),
+// unswizzled (read as scalars or 16-byte rows). Sel tile (samoyeds): the stage's row selections.
+#pragma once
+
+#include "config.cuh"
+#include "ptx.cuh"
+
+namespace samoyeds {
+
+template <int ROWS> struct ATile { uint4 chunk[ROWS * 8]; };
+template <int BN> struct BTile {
+  uint4 chunk[BN * 16];
+  // Chunk c (8 inputs) of token row n: two panels of 64 inputs, rows 128 B apart, chunk c % 8 of a row
+  // at (c % 8) ^ (n % 8): the 128-byte-swizzled K-major layout wgmma reads, and conflict-free for ldmatrix.
+  static __device__ __forceinline__ int at(int n, int c) { return (c >> 3) * BN * 8 + n * 8 + ((c & 7) ^ (n & 7)); }
+};
+template <int ROWS> struct MetaTile { uint16_t half[ROWS * 8]; };
+
+template <int BN, int A_ROWS>  // A_ROWS: all weight rows of the block (gate rows then up rows for GATE_UP)
+struct Stage {  // every member a multiple of 1 KB for A_ROWS % 64 == 0, so b stays 1 KB aligned (wgmma swizzle atoms)
+  BTile<BN> b;
+  ATile<A_ROWS> a;
+  MetaTile<A_ROWS> meta;
+};
+
+// The rowsel bytes of one row for one stage (BK / V segments), as one word.
+template <int SEGS> struct SelWordOf { using type = unsigned; };
+template <> struct SelWordOf<1> { using type = uint8_t; };
+template <> struct SelWordOf<2> { using type = uint16_t; };
+
+// A stage's row selections (samoyeds): byte j * A_ROWS + r is segment j of block row r (rows in the block's slab
+// order), copied with the stage's other tiles, 16 rows per cp.async, instead of being loaded from global memory by
+// the MMA threads (whose loads, one byte per row and stage, one stage ahead, were 12-40% of the ws kernel's MMA
+// warp time on the H100: ncu, Mixtral T = 4096). Slab s holds rows slab_start(s) .. + SLAB of the expert.
+template <int SEGS, int A_ROWS> struct SelTile {
+  static constexpr int CHUNKS = SEGS * A_ROWS / 16;  // 16-byte copies per stage
+  uint8_t byte[SEGS * A_ROWS];
+  // Where copying thread i < CHUNKS reads the first stage of an item from, and writes to (offset in the tile);
+  // a later stage kt reads at src + kt * SEGS * R. expert_sel: the expert's rowsel (segment-major), seg0: the
+  // first segment the block takes.
+  template <int SLAB, typename F>
+  static __device__ __forceinline__ const uint8_t* source(const uint8_t* expert_sel, int R, int seg0, int i,
+                                                          F slab_start, int& dst) {
+    const int j = i / (A_ROWS / 16), r = (i % (A_ROWS / 16)) * 16;
+    dst = j * A_ROWS + r;
+    return expert_sel + (size_t)(seg0 + j) * R + slab_start(r / SLAB) + r % SLAB;
+  }
+};
+
+// The dynamic shared memory as an array of stages, 1 KB aligned (the 128-byte swizzle atoms of wgmma are 1 KB);
+// the host adds 1 KB to the size for this (kernels/plan.py, stage_bytes).
+template <typename StageT>
+__device__ __forceinline__ StageT* aligned_stages(unsigned char* smem_raw) {
+  return reinterpret_cast<StageT*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+}
+
+// The k tiles (BK inputs each) of one split-K block: block z of gridDim.z takes an equal share, so small batches
+// run more, shorter blocks.
+struct KRange {
+  int begin, count;
+  __device__ __forceinline__ explicit KRange(int K) {
+    const int total = K / BK;
+    begin = (int)((long long)total * blockIdx.z / gridDim.z);
+    count = (int)((long long)total * (blockIdx.z + 1) / gridDim.z) - begin;
+  }
+};
+
+}  // namespace samoyeds

@@ -1,0 +1,2 @@
+"""Benchmarks behind `samoyeds-vllm bench`: the MoE layer against vLLM's fused MoE (layer.py, timed by timing.py) and
+whole models in vLLM, dense against sparse (e2e.py). Only the CLI imports them."""

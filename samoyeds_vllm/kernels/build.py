@@ -1,0 +1,108 @@
+"""Compiling csrc/ at first use and finding its kernels.
+
+The CUDA sources are compiled for the running GPU by NVRTC through CuPy (no compiler at install time), one module
+per (dtype, pattern, GPU architecture) holding every kernel a plan can choose (plan.compiled_kernels). CuPy caches
+the binaries on disk ($CUPY_CACHE_DIR, default ~/.cupy/kernel_cache) keyed by the source and the options; the
+options carry a hash of every file in csrc/, since CuPy hashes only the main file's text and not the headers it
+includes. SAMOYEDS_LINEINFO=1 (profiling) compiles with -lineinfo, so Nsight Compute's source page maps SASS to
+csrc lines (benchmarks/ncu_moe.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from importlib import resources
+
+import torch
+
+from ..errors import SamoyedsError
+from ..format import Pattern
+from .geometry import CTYPES
+from .plan import compiled_kernels
+
+MAIN_SOURCE = "samoyeds_moe.cu"
+
+
+def _csrc():
+    return resources.files("samoyeds_vllm.csrc")
+
+
+@functools.cache
+def _sources_hash() -> str:
+    files = sorted((f for f in _csrc().iterdir() if f.name.endswith((".cu", ".cuh"))), key=lambda f: f.name)
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def module(dtype: torch.dtype, pattern: Pattern, arch: str):
+    """The compiled kernels of one dtype and pattern for one GPU architecture (compiled once per process, loaded
+    from CuPy's disk cache after the first time)."""
+    try:
+        import cupy
+    except ImportError:
+        raise SamoyedsError(
+            "samoyeds GPU kernels are compiled at first use with CuPy: pip install samoyeds-vllm[gpu-cu13] (or "
+            "[gpu-cu12] to match a CUDA 12 driver)"
+        ) from None
+    if dtype not in CTYPES:
+        raise SamoyedsError(f"the samoyeds GPU kernels run bf16 / fp16 activations, not {dtype}")
+    _check_cuda_majors(cupy.cuda.runtime.runtimeGetVersion() // 1000, torch.version.cuda)
+    options = (
+        f"--gpu-architecture={arch}",
+        "-std=c++17",
+        f"--include-path={_csrc()}",
+        f"-DSAMOYEDS_SOURCES={_sources_hash()}",  # a header change makes a new cache entry
+    ) + (("-lineinfo",) if os.environ.get("SAMOYEDS_LINEINFO") else ())
+    source = (_csrc() / MAIN_SOURCE).read_text()
+    try:
+        compiled = cupy.RawModule(code=source, options=options, name_expressions=compiled_kernels(dtype, pattern, arch))
+        compiled.compile()
+    except cupy.cuda.compiler.CompileException as e:
+        raise SamoyedsError(f"compiling csrc/{MAIN_SOURCE} for {arch} failed:\n{e}") from None
+    return compiled
+
+
+def _check_cuda_majors(cupy_major: int, torch_cuda: str | None) -> None:
+    """CuPy's wheel is built for one CUDA major; a CuPy for another CUDA than torch's fails in obscure ways."""
+    torch_major = int(torch_cuda.split(".")[0]) if torch_cuda else None
+    if torch_major is not None and torch_major != cupy_major:
+        raise SamoyedsError(
+            f"CuPy is built for CUDA {cupy_major} but torch for CUDA {torch_cuda}: install the matching extra, "
+            f"pip install samoyeds-vllm[gpu-cu{torch_major}] (cupy-cuda{torch_major}x)"
+        )
+
+
+@functools.cache
+def kernel(dtype: torch.dtype, pattern: Pattern, arch: str, name: str, shared_bytes: int = 0):
+    """One kernel of the module, looked up once (the forward runs on every decode step), allowed `shared_bytes`
+    of dynamic shared memory."""
+    function = module(dtype, pattern, arch).get_function(name)
+    if shared_bytes:
+        function.max_dynamic_shared_size_bytes = shared_bytes
+    return function
+
+
+class _StreamHandle:
+    """A raw cudaStream_t through the CUDA stream protocol, which CuPy's Stream.from_external takes."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self.handle
+
+
+@functools.lru_cache(maxsize=64)
+def cupy_stream(handle: int, device: int):
+    """CuPy's view of a torch stream, made once per stream (ExternalStream before CuPy 14, deprecated since)."""
+    import cupy
+
+    if not hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.ExternalStream(handle, device)
+    with cupy.cuda.Device(device):
+        return cupy.cuda.Stream.from_external(_StreamHandle(handle))

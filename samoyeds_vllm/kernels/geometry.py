@@ -1,0 +1,105 @@
+"""The numbers the CUDA kernels and this host code share, read from csrc/config.cuh (their only definition), and
+the mapping of a Pattern and a dtype onto the kernels' template arguments."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+
+from ..format import Pattern
+
+_CONSTANT = re.compile(r"^constexpr int (\w+) = (\d+);", re.M)
+
+
+def _read_constants() -> dict[str, int]:
+    text = (resources.files("samoyeds_vllm.csrc") / "config.cuh").read_text()
+    return {name: int(value) for name, value in _CONSTANT.findall(text)}
+
+
+CONSTANTS = _read_constants()
+BK = CONSTANTS["BK"]  # dense inputs per pipeline stage
+STAGES = CONSTANTS["STAGES"]  # pipeline depth of moe_gemm
+SLAB_ROWS = CONSTANTS["SLAB_ROWS"]  # condensed weight rows per warp in a slab
+WS_STAGES = {64: CONSTANTS["WS_STAGES_BN64"], 128: CONSTANTS["WS_STAGES_BN128"]}  # ws pipeline depth by token tile
+WS_THREADS = 128 * (CONSTANTS["WS_CONSUMERS"] + 1)  # one copying warpgroup and the MMA warpgroups
+MAX_EXPERTS = CONSTANTS["MAX_EXPERTS"]
+ROUTE_THREADS = CONSTANTS["ROUTE_THREADS"]
+ROUTE_CHUNK = CONSTANTS["ROUTE_CHUNK"]
+SUM_VEC = CONSTANTS["SUM_VEC"]
+ELEMENTWISE_THREADS = CONSTANTS["ELEMENTWISE_THREADS"]
+
+#: The activation (and packed value) dtypes the kernels are compiled for, with their CUDA type names.
+CTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
+SUPPORTED_DTYPES = tuple(CTYPES)
+
+
+def pattern_template_args(pattern: Pattern) -> tuple[bool, int]:
+    """(SAMOYEDS, V) of the GEMM templates: 2:4 runs as one segment per stage (V = BK), never folded."""
+    return pattern.is_samoyeds, pattern.segment if pattern.is_samoyeds else BK
+
+
+def stage_bytes(token_tile: int, a_rows: int) -> int:
+    """sizeof(Stage<BN, A_ROWS>) of csrc/tiles.cuh: the B tile (BN x 128 inputs), the A tile (A_ROWS x 64 values) and
+    the metadata tile (A_ROWS x 8 halfwords), all 2-byte elements."""
+    return token_tile * BK * 2 + a_rows * (BK // 2) * 2 + a_rows * (BK // 16) * 2
+
+
+def template_name(kernel: str, *args) -> str:
+    """The C++ name of a kernel of csrc/ (an NVRTC name expression): `samoyeds::kernel<args>`. bools become
+    true / false, dtypes their CUDA type names (torch.float32: float), ints themselves. Every kernel name is made
+    here."""
+    if not args:
+        return f"samoyeds::{kernel}"
+    return f"samoyeds::{kernel}<{', '.join(map(_template_arg, args))}>"
+
+
+def _template_arg(arg) -> str:
+    if isinstance(arg, bool):
+        return "true" if arg else "false"
+    if isinstance(arg, torch.dtype):
+        return {**CTYPES, torch.float32: "float"}[arg]
+    if isinstance(arg, int):
+        return str(arg)
+    raise TypeError(f"no template argument for {arg!r}")
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """The block of one GEMM kernel: `warps` MMA warps, each owning `slabs` m16 tiles of condensed rows (GEMM 1
+    always has two, the same rows of gate and of up), run as `kind`: "mma" (mma.sp, moe_gemm), "wgmma" (one
+    warpgroup's wgmma.sp, moe_gemm on sm_90a) or "ws" (gemm_ws.cuh: a copying warpgroup and two MMA warpgroups)."""
+
+    kind: str
+    warps: int
+    slabs: int
+
+    def rows(self, gate_up: bool) -> int:
+        """Condensed rows per block: of one half for gate/up (gate and up are read together), else all slabs."""
+        return SLAB_ROWS * self.warps * (1 if gate_up else self.slabs)
+
+    @property
+    def a_rows(self) -> int:
+        """Rows of the block's A tile (gate and up rows together for gate/up)."""
+        return SLAB_ROWS * self.warps * self.slabs
+
+    @property
+    def threads(self) -> int:
+        return WS_THREADS if self.kind == "ws" else 32 * self.warps
+
+    def stages(self, token_tile: int) -> int:
+        return WS_STAGES[token_tile] if self.kind == "ws" else STAGES
+
+    def shared_bytes(self, token_tile: int) -> int:
+        """Dynamic shared memory: the pipeline's stages, plus 1 KB to align them (aligned_stages in tiles.cuh)."""
+        return self.stages(token_tile) * stage_bytes(token_tile, self.a_rows) + 1024
+
+    def kernel_name(self, dtype: torch.dtype, pattern: Pattern, token_tile: int, gate_up: bool) -> str:
+        samoyeds, segment = pattern_template_args(pattern)
+        if self.kind == "ws":
+            return template_name("moe_gemm_ws", dtype, samoyeds, segment, token_tile, gate_up)
+        return template_name(
+            "moe_gemm", dtype, samoyeds, segment, token_tile, gate_up, self.warps, self.slabs, self.kind == "wgmma"
+        )

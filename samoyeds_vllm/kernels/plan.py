@@ -1,0 +1,421 @@
+"""The launch plan of one MoE forward: token tile, block shape and split-K factor of each GEMM, grids, threads and
+shared memory, all from the shapes alone (no host synchronisation, so vLLM captures the forward in CUDA graphs).
+
+The choices are data: a KernelConfig names any of them (a field left None keeps the heuristic's choice). Configs
+come from, first to last: `override_config` (experiments, benchmarks), a tuned table for this GPU and layer shape
+(JSON under configs/kernels/ of the package, or under $SAMOYEDS_KERNEL_CONFIG_DIR; format in
+configs/kernels/README.md, keyed like vLLM's fused-MoE configs), and the heuristics below, which are the defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ..errors import SamoyedsError
+from ..format import Pattern
+from .geometry import (
+    BK,
+    ELEMENTWISE_THREADS,
+    MAX_EXPERTS,
+    ROUTE_CHUNK,
+    SLAB_ROWS,
+    SUM_VEC,
+    BlockShape,
+    template_name,
+)
+
+MAX_SPLITS = 8  # split-K factor cap
+LONG_K_TILES = 64  # GEMMs this long (k tiles) want two blocks per SM before they are left unsplit
+NARROW_TILES = (8, 16, 32)  # token tiles of decode batches (mma.sp)
+WIDE_BN = 64  # token tiles this wide take the larger block shapes (wgmma on Hopper)
+WS_WIDE_BN = 128  # 2:4 token tiles on Hopper (ws kernel) for batches past WIDE_BN slots per expert
+ROUTE_CHUNKED_FROM = 4 * ROUTE_CHUNK  # batches with at least this many slots count and scatter over many blocks
+MIN_ROW_BLOCK = SLAB_ROWS * 4  # the smallest block (4 warps, one slab): weight rows come in whole blocks of it
+CONFIG_DIR_ENV = "SAMOYEDS_KERNEL_CONFIG_DIR"
+ARCH_ENV = "SAMOYEDS_KERNEL_ARCH"
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What the plan depends on, besides the pattern, dtype and GPU."""
+
+    tokens: int
+    top_k: int
+    num_experts: int
+    hidden: int  # H: GEMM 1's inputs, GEMM 2's outputs
+    inter: int  # I: GEMM 1's outputs per half, GEMM 2's inputs
+
+    @property
+    def slots(self) -> int:
+        return self.tokens * self.top_k
+
+    def packed_rows(self, pattern: Pattern) -> tuple[int, int]:
+        """Condensed rows per expert of w13 (gate and up) and w2."""
+        rows_per_out = 2 if pattern.is_samoyeds else 1
+        return 2 * self.inter // rows_per_out, self.hidden // rows_per_out
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # torch.cuda.get_device_name, as in tuned table file names
+    capability: tuple[int, int]
+    sms: int
+    arch: str  # the NVRTC target: sm_90a on Hopper (for wgmma), sm_XY elsewhere
+
+    @property
+    def hopper(self) -> bool:
+        return self.arch == "sm_90a"
+
+
+def device_of(device: torch.device) -> Device:
+    """The GPU of `device`. $SAMOYEDS_KERNEL_ARCH names another NVRTC target for the kernels (tests: sm_90 on a
+    Hopper GPU runs the kernels that GPUs before Hopper run)."""
+    found = _device(device)
+    arch = os.environ.get(ARCH_ENV)
+    return replace(found, arch=arch) if arch else found
+
+
+@functools.cache
+def _device(device: torch.device) -> Device:
+    """Looked up once: the forward asks on every decode step."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return Device(
+        torch.cuda.get_device_name(device),
+        (major, minor),
+        torch.cuda.get_device_properties(device).multi_processor_count,
+        f"sm_{major}{minor}" + ("a" if major == 9 else ""),
+    )
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One GEMM's choices: its block shape (kind, warps and slabs together, or none of them) and split-K factor."""
+
+    kind: str | None = None
+    warps: int | None = None
+    slabs: int | None = None
+    splits: int | None = None
+
+    @property
+    def block(self) -> BlockShape | None:
+        given = [v is not None for v in (self.kind, self.warps, self.slabs)]
+        if any(given) and not all(given):
+            raise SamoyedsError(f"kernel config {self}: give kind, warps and slabs together")
+        return BlockShape(self.kind, self.warps, self.slabs) if all(given) else None
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """The choices of one forward that a tuned table entry or an experiment may fix; None keeps the heuristic's."""
+
+    token_tile: int | None = None
+    gate_up: GemmConfig = field(default_factory=GemmConfig)
+    down: GemmConfig = field(default_factory=GemmConfig)
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "kernel config") -> KernelConfig:
+        try:
+            return cls(
+                data.get("token_tile"),
+                GemmConfig(**data.get("gate_up", {})),
+                GemmConfig(**data.get("down", {})),
+            )
+        except (TypeError, AttributeError) as e:
+            raise SamoyedsError(f"{where}: not a kernel config ({e}); see configs/kernels/README.md") from None
+
+    def to_json(self) -> dict:
+        def gemm(c: GemmConfig) -> dict:
+            return {k: v for k, v in vars(c).items() if v is not None}
+
+        out = {"token_tile": self.token_tile, "gate_up": gemm(self.gate_up), "down": gemm(self.down)}
+        return {k: v for k, v in out.items() if v not in (None, {})}
+
+
+_override: contextvars.ContextVar[KernelConfig | None] = contextvars.ContextVar("samoyeds_kernel_config", default=None)
+
+
+@contextlib.contextmanager
+def override_config(config: KernelConfig) -> Iterator[None]:
+    """Forwards in this block use `config` (over tuned tables and heuristics), e.g. to time one choice."""
+    token = _override.set(config)
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+# ------------------------------------------------------------------------------------------------ tuned tables
+
+
+def table_name(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device) -> str:
+    """The file name of the tuned table for a layer shape on a GPU, in vLLM's style (`E=..,N=..,device_name=..`)."""
+    spec = "2of4" if not pattern.is_samoyeds else f"samoyeds{pattern.segment}"
+    return (
+        f"E={shape.num_experts},H={shape.hidden},I={shape.inter},top_k={shape.top_k},pattern={spec},"
+        f"dtype={str(dtype).removeprefix('torch.')},device_name={device.name.replace(' ', '_')}.json"
+    )
+
+
+@functools.cache
+def _read_table(name: str) -> dict[int, KernelConfig] | None:
+    """token count -> config, from $SAMOYEDS_KERNEL_CONFIG_DIR/name or the package's configs/kernels/name."""
+    folders = [Path(os.environ[CONFIG_DIR_ENV])] if os.environ.get(CONFIG_DIR_ENV) else []
+    for folder in [*folders, resources.files("samoyeds_vllm.configs") / "kernels"]:
+        path = folder / name
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+                return {int(t): KernelConfig.from_json(c, f"{path}, tokens {t}") for t, c in data.items()}
+            except (ValueError, AttributeError) as e:
+                raise SamoyedsError(f"{path}: not a kernel config table ({e})") from None
+    return None
+
+
+def tuned_config(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device) -> KernelConfig | None:
+    """The table entry of the nearest token count (as vLLM picks its fused-MoE configs), or None without a table
+    or past its largest token count (a table tuned for decode says nothing about prefill)."""
+    table = _read_table(table_name(shape, pattern, dtype, device))
+    if not table or shape.tokens > max(table):
+        return None
+    return table[min(table, key=lambda t: abs(t - shape.tokens))]
+
+
+# ------------------------------------------------------------------------------------------------ heuristics
+
+
+def token_tile_heuristic(slots: int, num_experts: int, samoyeds: bool, widest: int = WIDE_BN) -> int:
+    """Tokens per tile, from the average slots per expert (a shape, so no host sync); small for decode. 2:4 leaves
+    room for twice the average: routing is uneven, and an expert whose tokens spill into a second tile reads its
+    weights twice (H100, Mixtral 2:4 at T = 64, 16 slots per expert: 16-token tiles 765 µs, 32-token tiles 600).
+    samoyeds weights are half the bytes, and there the wider tiles measured slower (same case: 330 vs 352 µs).
+    widest: WS_WIDE_BN where the Hopper kernel takes 128-token tiles (2:4: half the weight re-reads from L2)."""
+    per_expert = (1 if samoyeds else 2) * slots / max(num_experts, 1)
+    for bn in (*NARROW_TILES, WIDE_BN):
+        if per_expert <= bn or bn == widest:
+            return bn
+    return widest
+
+
+def token_tiles(samoyeds: bool, hopper: bool) -> tuple[int, ...]:
+    """Every token-tile width a module compiles kernels for."""
+    return (*NARROW_TILES, WIDE_BN) + ((WS_WIDE_BN,) if hopper and not samoyeds else ())
+
+
+def block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool) -> list[BlockShape]:
+    """The block shapes compiled for a token tile, preferred first. GEMM 2 stacks two slabs on wide batches so each
+    B fragment feeds two MMAs, as in GEMM 1; decode keeps small 4-warp blocks, so more of them fill the GPU.
+    The order is measured (H100, Qwen3 shape, T = 16384, µs of the whole layer; `benchmarks/tune_kernels.py
+    --search blocks` times it again): ws 2049 against wgmma 2221-2331 (samoyeds), 3282 against 3425-3610 (2:4);
+    among the wgmma shapes GEMM 1 4 warps 2836 against 8 warps 2896, GEMM 2 2 slabs 2896 against 1 slab 3569;
+    mma.sp GEMM 2 2 slabs 3417 against 1 slab 4001, mma.sp GEMM 1 8 warps 3438 against 4 warps 3491 for samoyeds,
+    5214 against 5000 for 2:4."""
+    if token_tile < WIDE_BN:
+        return [BlockShape("mma", 4, 2 if gate_up else 1)]
+    if token_tile == WS_WIDE_BN:
+        return [BlockShape("ws", 8, 2)]
+    if hopper:  # the warp-specialised kernel where 128-row blocks divide the rows (not Qwen1.5's 704 gate rows)
+        wgmma = [BlockShape("wgmma", 4, 2)] + ([] if gate_up else [BlockShape("wgmma", 4, 1)])
+        return [BlockShape("ws", 8, 2), *wgmma]
+    if gate_up:
+        return [BlockShape("mma", 8, 2), BlockShape("mma", 4, 2)] if samoyeds else [BlockShape("mma", 4, 2)]
+    return [BlockShape("mma", 4, 2), BlockShape("mma", 4, 1)]
+
+
+def fitting_block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int) -> list[BlockShape]:
+    """The compiled block shapes whose blocks divide the rows (gate/up: the rows of one half), preferred first."""
+    shapes = block_shapes(token_tile, gate_up, samoyeds, hopper)
+    return [shape for shape in shapes if rows % shape.rows(gate_up) == 0]
+
+
+def splits_heuristic(row_blocks: int, slots: int, num_experts: int, token_tile: int, k_tiles: int, sms: int) -> int:
+    """Split-K factor, from the shapes alone. A batch with fewer blocks than SMs (long-K GEMMs: twice as many)
+    is split along K into about 1.5 blocks per wanted block, each split keeping at least four k tiles for its
+    pipeline; larger batches are not split, since the fp32 partial sums and the extra reduction cost more than
+    they save. Measured on an H100 over a (1, 2, 4) x (1, 3) grid (`benchmarks/tune_kernels.py --search splits`),
+    µs of the layer at T = 1, a rule of about two waves of three blocks per SM -> this one: Qwen3 samoyeds 22.5 ->
+    20.6, 2:4 32.8 -> 25.3; DeepSeek-V2-Lite 2:4 40.2 -> 36.1; Mixtral samoyeds 96.1 -> 92.3; at T = 4 Qwen3
+    samoyeds 50.9 -> 47.1 (unsplit). From T = 1 to 16 on all five shapes the choice is within 6% of the grid's
+    best (worst: Qwen1.5 samoyeds T = 2, 26.0 against 24.6)."""
+    expected_experts = num_experts * (1 - (1 - 1 / num_experts) ** slots)  # experts with tokens, uniform routing
+    blocks = row_blocks * (expected_experts + slots / token_tile)
+    wanted = sms * (2 if k_tiles >= LONG_K_TILES else 1)
+    if blocks >= wanted:
+        return 1
+    return max(1, min(math.ceil(1.5 * wanted / blocks), MAX_SPLITS, k_tiles // 4))
+
+
+def num_tiles(slots: int, num_experts: int, token_tile: int) -> int:
+    """Upper bound on token tiles from the shapes alone: each expert with tokens wastes at most one partial tile."""
+    return -(-slots // token_tile) + min(num_experts, slots)
+
+
+def routing_threads(slots: int, num_experts: int) -> int:
+    """Threads of the one-block routing kernel: one per expert at least (its scans), one per slot up to 1024;
+    a decode step's few slots need few warps, and fewer warps make its barriers cheaper."""
+    return min(MAX_EXPERTS, 32 * -(-max(num_experts, slots, 128) // 32))
+
+
+def sum_vec(elements: int, sms: int) -> int:
+    """Elements per thread of the slot sum: 16-byte vectors where the grid still fills the GPU (4 blocks per SM),
+    scalars for decode, where more threads hide latency better. H100, Qwen3 shape: scalar at T = 16384 streamed at
+    0.95 TB/s (633 µs, ncu); 8-wide at T = 1 was 7.1 against 5.3 µs."""
+    return SUM_VEC if elements // SUM_VEC >= 4 * ELEMENTWISE_THREADS * sms else 1
+
+
+def elementwise_grid(n: int, sms: int) -> tuple[int, int, int]:
+    return (max(1, min(-(-n // ELEMENTWISE_THREADS), 8 * sms)), 1, 1)
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    gate_up: bool
+    block: BlockShape
+    row_blocks: int  # blocks of block.rows(gate_up) condensed rows (per half for gate/up)
+    splits: int
+    kernel: str  # template name (geometry.template_name)
+    grid: tuple[int, int, int]
+    threads: int
+    shared_bytes: int
+
+
+@dataclass(frozen=True)
+class MoEPlan:
+    token_tile: int
+    num_tiles: int
+    chunks: int  # routing index blocks of ROUTE_CHUNK slots (0: one block does it all)
+    routing_threads: int
+    gate_up: GemmPlan
+    down: GemmPlan
+    sum_kernel: str
+    sum_grid: tuple[int, int, int]
+    silu_kernel: str | None  # finishes GEMM 1 under split-K
+    silu_grid: tuple[int, int, int]
+
+
+def plan_moe(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device) -> MoEPlan:
+    """The plan of a forward: `override_config`, else the tuned table, else the heuristics (cached per shape)."""
+    config = _override.get() or tuned_config(shape, pattern, dtype, device) or KernelConfig()
+    return _plan(shape, pattern, dtype, device, config)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, config: KernelConfig) -> MoEPlan:
+    samoyeds, hopper = pattern.is_samoyeds, device.hopper
+    rows13, rows2 = shape.packed_rows(pattern)
+    slots = shape.slots
+    if config.token_tile is not None:
+        if config.token_tile not in token_tiles(samoyeds, hopper):
+            raise SamoyedsError(
+                f"kernel config: token tile {config.token_tile} is not compiled for {pattern} on {device.arch} "
+                f"(tiles: {token_tiles(samoyeds, hopper)})"
+            )
+        token_tile = config.token_tile
+    else:
+        ws_wide = (
+            hopper
+            and not samoyeds  # the 128-token tiles' ws blocks divide the rows of both GEMMs
+            and bool(fitting_block_shapes(WS_WIDE_BN, True, samoyeds, hopper, rows13 // 2))
+            and bool(fitting_block_shapes(WS_WIDE_BN, False, samoyeds, hopper, rows2))
+        )
+        token_tile = token_tile_heuristic(slots, shape.num_experts, samoyeds, WS_WIDE_BN if ws_wide else WIDE_BN)
+    tiles = num_tiles(slots, shape.num_experts, token_tile)
+
+    def gemm(gate_up: bool, gemm_config: GemmConfig) -> GemmPlan:
+        rows, k = (rows13 // 2, shape.hidden) if gate_up else (rows2, shape.inter)
+        fitting = fitting_block_shapes(token_tile, gate_up, samoyeds, hopper, rows)
+        what = "gate/up" if gate_up else "down"
+        block = gemm_config.block
+        if block is None:
+            if not fitting:
+                raise SamoyedsError(
+                    f"{rows} rows are not whole {MIN_ROW_BLOCK}-row blocks (supports() admits only those)"
+                )
+            block = fitting[0]
+        elif block not in fitting:
+            raise SamoyedsError(
+                f"kernel config: {what} block {block} is not compiled for token tile {token_tile} or does not divide "
+                f"its {rows} rows (compiled and fitting: {fitting})"
+            )
+        row_blocks = rows // block.rows(gate_up)
+        k_tiles = k // BK
+        splits = gemm_config.splits
+        if splits is None:
+            splits = splits_heuristic(row_blocks, slots, shape.num_experts, token_tile, k_tiles, device.sms)
+        elif not 1 <= splits <= min(MAX_SPLITS, k_tiles):
+            raise SamoyedsError(f"kernel config: {what} splits {splits} not in 1..{min(MAX_SPLITS, k_tiles)}")
+        if block.kind == "ws":  # persistent: one wave of blocks walks all (token tile, row block) items
+            grid = (min(row_blocks * tiles, device.sms), 1, splits)
+        else:
+            grid = (row_blocks, tiles, splits)
+        return GemmPlan(
+            gate_up,
+            block,
+            row_blocks,
+            splits,
+            block.kernel_name(dtype, pattern, token_tile, gate_up),
+            grid,
+            block.threads,
+            block.shared_bytes(token_tile),
+        )
+
+    gate_up, down = gemm(True, config.gate_up), gemm(False, config.down)
+    vec = sum_vec(shape.tokens * shape.hidden, device.sms)
+    return MoEPlan(
+        token_tile=token_tile,
+        num_tiles=tiles,
+        chunks=-(-slots // ROUTE_CHUNK) if slots >= ROUTE_CHUNKED_FROM else 0,
+        routing_threads=routing_threads(slots, shape.num_experts),
+        gate_up=gate_up,
+        down=down,
+        sum_kernel=template_name("sum_slots", dtype, torch.float32 if down.splits > 1 else dtype, vec),
+        sum_grid=elementwise_grid(shape.tokens * shape.hidden // vec, device.sms),
+        silu_kernel=template_name("silu_mul_splits", dtype) if gate_up.splits > 1 else None,
+        silu_grid=elementwise_grid(slots * shape.inter, device.sms),
+    )
+
+
+def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str) -> list[str]:
+    """Every kernel of one compiled module (dtype, pattern, GPU architecture): the GEMMs of every token tile and
+    block shape a plan can choose, the routing index and the reductions."""
+    samoyeds, hopper = pattern.is_samoyeds, arch == "sm_90a"
+    names = [
+        block.kernel_name(dtype, pattern, bn, gate_up)
+        for bn in token_tiles(samoyeds, hopper)
+        for gate_up in (True, False)
+        for block in block_shapes(bn, gate_up, samoyeds, hopper)
+    ]
+    names += [template_name(k) for k in ("build_routing_index", "count_slots", "scatter_slots")]
+    names.append(template_name("silu_mul_splits", dtype))
+    names += [template_name("sum_slots", dtype, src, vec) for src in (dtype, torch.float32) for vec in (1, SUM_VEC)]
+    return names
+
+
+__all__ = [
+    "Device",
+    "GemmConfig",
+    "GemmPlan",
+    "KernelConfig",
+    "LayerShape",
+    "MoEPlan",
+    "compiled_kernels",
+    "device_of",
+    "override_config",
+    "plan_moe",
+]

@@ -1,0 +1,189 @@
+"""The samoyeds fused-MoE method: packed expert parameters, their loading, routing and the sparse-MoE op.
+
+The method routes by itself (`is_monolithic`): vLLM's router needs CUDA-only ops, and the CPU build lacks them.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.logger import init_logger
+from vllm.model_executor.layers.fused_moe import RoutedExperts
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+from vllm.model_executor.utils import set_weight_attrs
+
+from .. import kernels
+from ..errors import PatternError
+from ..format import SUFFIXES, PackedWeight, Pattern, check_packed, compress, prune
+from . import ops
+from .routing import route
+
+logger = init_logger(__name__)
+
+#: Metadata that names positions (0, 1) in every group: valid, so unloaded (dummy) weights still run.
+_VALID_META_FILL = 0x4444
+
+
+def _check_supported_routing(layer: RoutedExperts) -> None:
+    """The method routes by itself (softmax top-k, optionally grouped): refuse what it does not do."""
+    unsupported = []
+    if layer.scoring_func != "softmax":
+        unsupported.append(f"scoring function {layer.scoring_func!r}")
+    if layer.custom_routing_function is not None:
+        unsupported.append("a custom routing function")
+    if layer.e_score_correction_bias is not None:
+        unsupported.append("expert score correction bias")
+    if layer.apply_router_weight_on_input:
+        unsupported.append("router weights applied on the input")
+    if layer.activation != MoEActivation.SILU:
+        unsupported.append(f"activation {layer.activation.value!r}")
+    if layer.moe_config.has_bias:
+        unsupported.append("expert biases")
+    if unsupported:
+        raise NotImplementedError(
+            f"{layer.layer_name}: the samoyeds method supports softmax top-k routing of "
+            f"SiLU experts without biases, not {', '.join(unsupported)}"
+        )
+
+
+class SamoyedsMoEMethod(FusedMoEMethodBase):
+    """Routed experts with structured-sparse weights: packed parameters, routing and the sparse-MoE op."""
+
+    def __init__(self, pattern: Pattern, packed: bool, moe) -> None:
+        super().__init__(moe)
+        self.pattern = pattern
+        self.packed = packed  # the checkpoint holds packed tensors (else dense ones, packed after loading)
+
+    @property
+    def is_monolithic(self) -> bool:
+        return True  # routes itself: vLLM's router needs CUDA-only ops, and routing fuses with the experts
+
+    def get_fused_moe_quant_config(self, layer: torch.nn.Module):
+        return None
+
+    def create_weights(
+        self,
+        layer: RoutedExperts,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size_per_partition: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ):
+        _check_supported_routing(layer)
+        tp_size = self.moe.moe_parallel_config.tp_size
+        inter = intermediate_size_per_partition
+        self.dense_shapes = shapes = {
+            "w13": (num_experts, 2 * inter, hidden_size),
+            "w2": (num_experts, hidden_size, inter),
+        }
+        for name, shape in shapes.items():
+            try:
+                self.pattern.check_shape(shape, f"{layer.layer_name}.{name}_weight")
+            except PatternError as e:
+                if tp_size > 1:
+                    raise ValueError(
+                        f"{e}. Tensor parallel size {tp_size} splits the expert intermediate size "
+                        f"{self.moe.intermediate_size} into {intermediate_size_per_partition}-wide "
+                        f"shards; choose a TP size whose shards fit the pattern"
+                    ) from None
+                raise
+        for name, shape in shapes.items():
+            if self.packed:
+                self._register_packed(layer, name, shape, params_dtype, extra_weight_attrs)
+            else:  # dense now, packed in process_weights_after_loading
+                param = torch.nn.Parameter(torch.empty(shape, dtype=params_dtype), requires_grad=False)
+                layer.register_parameter(f"{name}_weight", param)
+                set_weight_attrs(param, extra_weight_attrs)
+
+    def _register_packed(
+        self,
+        layer: RoutedExperts,
+        name: str,
+        dense_shape: tuple[int, ...],
+        dtype: torch.dtype,
+        extra_weight_attrs: dict,
+    ) -> None:
+        dtypes = {"values": dtype, "meta": torch.int16, "rowsel": torch.uint8}
+        fills = {"meta": _VALID_META_FILL, "rowsel": 0}
+        loader = _checked_loader(layer, self.pattern, extra_weight_attrs["weight_loader"])
+        for part, shape in self.pattern.packed_shapes(dense_shape, f"{layer.layer_name}.{name}_weight").items():
+            tensor = (
+                torch.empty(shape, dtype=dtypes[part])
+                if part == "values"
+                else torch.full(shape, fills[part], dtype=dtypes[part])
+            )
+            param = torch.nn.Parameter(tensor, requires_grad=False)
+            layer.register_parameter(f"{name}_{SUFFIXES[part]}", param)
+            set_weight_attrs(param, {**extra_weight_attrs, "weight_loader": loader})
+
+    def process_weights_after_loading(self, layer: RoutedExperts) -> None:
+        for name in ("w13", "w2"):
+            if not self.packed:
+                dense = getattr(layer, f"{name}_weight")
+                label = f"{layer.layer_name}.{name}_weight"
+                packed = compress(prune(dense.data, self.pattern, name=label), self.pattern, name=label)
+                delattr(layer, f"{name}_weight")
+                for part, tensor in packed._asdict().items():
+                    if tensor is not None:
+                        layer.register_parameter(
+                            f"{name}_{SUFFIXES[part]}", torch.nn.Parameter(tensor, requires_grad=False)
+                        )
+            check_packed(
+                self._packed(layer, name),
+                self.pattern,
+                self.dense_shapes[name],
+                name=f"{layer.layer_name}.{name}_weight",
+            )
+            stored = kernels.prepare_weights(self._packed(layer, name))
+            if stored.rowsel is not None:  # the one conversion into the kernels' layout (the op checks it)
+                getattr(layer, f"{name}_{SUFFIXES['rowsel']}").data = stored.rowsel
+        w13, w2 = self._packed(layer, "w13"), self._packed(layer, "w2")
+        if w13.values.is_cuda and not kernels.supports(w13.values.dtype, w13, w2):
+            logger.warning(
+                "%s: the samoyeds GPU kernels need bf16/fp16 weights in whole 64-row and 128-input "
+                "tiles; this layer runs the slow reference implementation, which also cannot be "
+                "captured in CUDA graphs (use --enforce-eager)",
+                layer.layer_name,
+            )
+
+    def _packed(self, layer: RoutedExperts, name: str) -> PackedWeight:
+        return PackedWeight(*(getattr(layer, f"{name}_{SUFFIXES[part]}", None) for part in PackedWeight._fields))
+
+    def apply_monolithic(
+        self, layer: RoutedExperts, x: torch.Tensor, router_logits: torch.Tensor, input_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        grouped = layer.use_grouped_topk
+        topk_weights, topk_ids = route(
+            router_logits,
+            layer.top_k,
+            layer.renormalize,
+            layer.num_expert_group if grouped else None,
+            layer.topk_group if grouped else None,
+        )
+        if layer.expert_map is not None:  # expert parallelism: global ids -> local ids, -1 elsewhere
+            topk_ids = layer.expert_map[topk_ids]
+        w13, w2 = self._packed(layer, "w13"), self._packed(layer, "w2")
+        return ops.moe_experts(x, topk_weights, topk_ids, w13, w2, self.pattern)
+
+
+def _checked_loader(layer: RoutedExperts, pattern: Pattern, load):
+    """Wraps vLLM's expert weight loader with a shape and dtype check that names the tensor and the expert."""
+    hidden, inter = layer.moe_config.hidden_dim, layer.moe_config.intermediate_size
+    dense = {"w1": (inter, hidden), "w3": (inter, hidden), "w2": (hidden, inter)}
+
+    def loader(param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
+        part = next(p for p, suffix in SUFFIXES.items() if weight_name.endswith(suffix))
+        expected = pattern.packed_shapes(dense[shard_id], weight_name)[part]
+        if tuple(loaded_weight.shape) != expected:
+            raise ValueError(
+                f"{weight_name} (expert {expert_id}, {shard_id}): checkpoint tensor has shape "
+                f"{tuple(loaded_weight.shape)}, expected {expected} for pattern {pattern}"
+            )
+        if part != "values" and loaded_weight.dtype != param.dtype:
+            raise ValueError(
+                f"{weight_name} (expert {expert_id}, {shard_id}): dtype {loaded_weight.dtype}, expected {param.dtype}"
+            )
+        return load(param, loaded_weight, weight_name, shard_id, expert_id, return_success=return_success)
+
+    return loader

@@ -1,0 +1,188 @@
+"""Reading and writing Hugging Face safetensors checkpoints a tensor at a time, and committing output atomically.
+
+Checkpoints can be larger than RAM: the reader memory-maps each shard and hands out one tensor at a time; the
+writer holds at most one output shard before saving it. Outputs are built in a hidden sibling directory and
+renamed into place at the end, so a failed or interrupted run leaves no half-written model behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import CheckpointError, SamoyedsError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
+
+
+def _default_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _default_file_mode()
+
+
+def read_config(model_dir: Path) -> dict:
+    """config.json of a model directory, with errors that say what is wrong."""
+    if not model_dir.exists():
+        raise CheckpointError(f"{model_dir}: no such directory")
+    if not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir}: not a directory")
+    path = model_dir / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{model_dir}: no config.json, so not a Hugging Face model directory") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: cannot read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return config
+
+
+class CheckpointReader:
+    """The safetensors weights of a model directory. Opening checks every shard's header and size, so a
+    truncated or corrupted file is reported before any work starts."""
+
+    def __init__(self, model_dir: Path):
+        self.model_dir = model_dir
+        index = model_dir / INDEX_NAME
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
+            files = list(dict.fromkeys(weight_map.values()))
+        else:
+            files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{model_dir}: no *.safetensors weights (other weight formats are not supported)")
+        self._handles = {}
+        self._file_of: dict[str, str] = {}
+        for name in files:
+            path = model_dir / name
+            if not path.is_file():
+                raise CheckpointError(f"{path}: listed in {INDEX_NAME} but missing")
+            try:
+                handle = safe_open(str(path), framework="pt")
+                keys = list(handle.keys())
+            except Exception as e:  # safetensors raises its own error type, or OSError, for bad files
+                raise CheckpointError(f"{path}: corrupted or truncated safetensors file ({e})") from None
+            self._handles[name] = handle
+            for key in keys:
+                if key in self._file_of:
+                    raise CheckpointError(f"{path}: tensor {key} also appears in {self._file_of[key]}")
+                self._file_of[key] = name
+
+    def names(self) -> list[str]:
+        """Every tensor name, shard by shard, in file order."""
+        return list(self._file_of)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handles[self._file_of[name]].get_slice(name).get_shape())
+
+    def get(self, name: str) -> torch.Tensor:
+        try:
+            return self._handles[self._file_of[name]].get_tensor(name)
+        except KeyError:
+            raise CheckpointError(f"{self.model_dir}: no tensor named {name}") from None
+        except Exception as e:
+            raise CheckpointError(f"{self.model_dir / self._file_of[name]}: cannot read {name} ({e})") from None
+
+
+class ShardedWriter:
+    """Writes tensors into `model-0000i-of-0000N.safetensors` shards of at most `max_shard_bytes` (one
+    `model.safetensors` when a single shard), plus the index, holding one shard in memory at a time."""
+
+    def __init__(self, out_dir: Path, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES):
+        self.out_dir = out_dir
+        self.max_shard_bytes = max_shard_bytes
+        self._pending: dict[str, torch.Tensor] = {}
+        self._pending_bytes = 0
+        self._shards: list[list[str]] = []
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self._pending and self._pending_bytes + size > self.max_shard_bytes:
+            self._flush()
+        self._pending[name] = tensor.contiguous()
+        self._pending_bytes += size
+        self.total_bytes += size
+
+    def _flush(self) -> None:
+        path = self.out_dir / f"shard-{len(self._shards)}.tmp"
+        save_file(self._pending, str(path), metadata={"format": "pt"})
+        path.chmod(_FILE_MODE)  # safetensors writes through a private (0600) temporary file
+        self._shards.append(list(self._pending))
+        self._pending, self._pending_bytes = {}, 0
+
+    def close(self) -> None:
+        """Save the last shard, give the shards their final names and write the index."""
+        if self._pending or not self._shards:
+            self._flush()
+        n = len(self._shards)
+        if n == 1:
+            os.replace(self.out_dir / "shard-0.tmp", self.out_dir / SINGLE_NAME)
+            return
+        weight_map = {}
+        for i, names in enumerate(self._shards):
+            final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            os.replace(self.out_dir / f"shard-{i}.tmp", self.out_dir / final)
+            weight_map.update(dict.fromkeys(names, final))
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        (self.out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def check_output_dir(out_dir: Path, force: bool, what: str = "output directory") -> None:
+    """Refuse to replace an existing directory unless forced, and even then anything but a model directory
+    (or an empty one), so a mistyped path loses nothing."""
+    if out_dir.exists():
+        if not force:
+            raise SamoyedsError(f"{what} {out_dir} already exists; choose another path or pass --force to replace it")
+        if not out_dir.is_dir():
+            raise SamoyedsError(f"{what} {out_dir} exists and is not a directory; not replacing it")
+        if any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
+            raise SamoyedsError(
+                f"{what} {out_dir} is not empty and holds no config.json, so it does not look "
+                "like a model; not replacing it"
+            )
+
+
+@contextlib.contextmanager
+def staged_dirs(*targets: Path) -> Iterator[list[Path]]:
+    """Temporary sibling directories that replace `targets` only if the block finishes; removed otherwise."""
+    staged: list[Path] = []
+    try:
+        for target in targets:
+            parent = target.resolve().parent
+            parent.mkdir(parents=True, exist_ok=True)
+            staged.append(Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=parent)))
+        yield staged
+    except BaseException:
+        for tmp in staged:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for tmp, target in zip(staged, targets, strict=True):
+        if target.exists():
+            old = tmp.with_name(tmp.name.replace(".partial-", ".replaced-"))
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)

@@ -1,0 +1,189 @@
+"""Convert a dense Hugging Face MoE checkpoint into a samoyeds sparse one.
+
+Routed-expert weights are pruned onto the pattern and packed (samoyeds_vllm.format); every other tensor is copied
+unchanged; config.json gains a `quantization_config` that tells vLLM to load it with the `samoyeds` method.
+Everything is checked before anything is written, tensors stream one at a time, and the output appears only
+when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..errors import CheckpointError, SamoyedsError
+from ..format import QUANT_METHOD, Pattern, compress, prune, quantization_config
+from .architectures import DOWN, Architecture, architecture_of
+from .checkpoint_io import (
+    DEFAULT_MAX_SHARD_BYTES,
+    INDEX_NAME,
+    CheckpointReader,
+    ShardedWriter,
+    check_output_dir,
+    read_config,
+    staged_dirs,
+)
+from .pruning import METHODS, expert_input_norms, wanda_scores
+
+REPORT_NAME = "samoyeds_report.json"
+
+
+@dataclass
+class LayerStats:
+    """Sums over one layer's expert weights, enough for its sparsity and relative reconstruction error."""
+
+    params: int = 0
+    nonzeros: int = 0
+    dense_sq: float = 0.0
+    error_sq: float = 0.0
+
+    def add(self, dense: torch.Tensor, pruned: torch.Tensor) -> None:
+        d = dense.double()
+        self.params += dense.numel()
+        self.nonzeros += int((pruned != 0).sum())
+        self.dense_sq += float(d.square().sum())
+        self.error_sq += float((d - pruned.double()).square().sum())
+
+    @property
+    def sparsity(self) -> float:
+        return 1.0 - self.nonzeros / self.params if self.params else 0.0
+
+    @property
+    def relative_error(self) -> float:
+        return math.sqrt(self.error_sq / self.dense_sq) if self.dense_sq else 0.0
+
+
+@dataclass
+class ConversionReport:
+    pattern: Pattern
+    method: str
+    layers: dict[int, LayerStats] = field(default_factory=dict)
+    dense_bytes: int = 0
+    sparse_bytes: int = 0
+
+    def to_json(self) -> dict:
+        return {
+            "pattern": self.pattern.to_config(),
+            "method": self.method,
+            "expert_weight_bytes": {"dense": self.dense_bytes, "sparse": self.sparse_bytes},
+            "layers": {
+                str(i): {"sparsity": s.sparsity, "relative_error": s.relative_error, "params": s.params}
+                for i, s in sorted(self.layers.items())
+            },
+        }
+
+    def table(self) -> str:
+        lines = [f"{'layer':>5}  {'sparsity':>8}  {'rel. error':>10}"]
+        lines += [f"{i:>5}  {s.sparsity:>8.2%}  {s.relative_error:>10.4f}" for i, s in sorted(self.layers.items())]
+        if self.dense_bytes:
+            lines.append(
+                f"expert weights: {self.dense_bytes / 2**20:.1f} MiB dense -> "
+                f"{self.sparse_bytes / 2**20:.1f} MiB packed ({self.sparse_bytes / self.dense_bytes:.2f}x)"
+            )
+        return "\n".join(lines)
+
+
+def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader]:
+    config = read_config(in_dir)
+    quant = config.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        if method == QUANT_METHOD:
+            raise CheckpointError(
+                f"{in_dir} is already a samoyeds sparse checkpoint (pattern "
+                f"{quant.get('pattern')}); convert needs the dense original"
+            )
+        raise CheckpointError(f"{in_dir} is quantized with {method!r}; convert needs a dense checkpoint")
+    arch = architecture_of(config)
+    return config, arch, CheckpointReader(in_dir)
+
+
+def convert(
+    in_dir: Path,
+    out_dir: Path,
+    pattern: Pattern,
+    method: str = "magnitude",
+    *,
+    force: bool = False,
+    export_dense: Path | None = None,
+    calibration_text: str | None = None,
+    calibration_tokens: int = 8192,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    progress: bool = True,
+) -> ConversionReport:
+    """Write the sparse checkpoint of `in_dir` to `out_dir` (and the pruned weights as a dense checkpoint
+    to `export_dense`, if given). Raises SamoyedsError, leaving no output, on bad input."""
+    in_dir, out_dir = Path(in_dir), Path(out_dir)
+    if method not in METHODS:
+        raise SamoyedsError(f"unknown pruning method {method!r}; choose one of {', '.join(METHODS)}")
+    config, arch, reader = _check_input(in_dir)
+    outputs = [out_dir] + ([Path(export_dense)] if export_dense else [])
+    for path in outputs:
+        if path.resolve() == in_dir.resolve():
+            raise SamoyedsError(f"{path} is the input directory; write the output elsewhere")
+        check_output_dir(path, force)
+    if len({p.resolve() for p in outputs}) != len(outputs):
+        raise SamoyedsError("--export-dense must differ from the output directory")
+    expert_re = arch.expert_weight_re
+    experts = [n for n in reader.names() if expert_re.match(n)]
+    if not experts:
+        raise CheckpointError(f"{in_dir}: no routed-expert weights named like {arch.expert_weight_name(0, 0, '*')}")
+    for name in experts:  # every shape error now, not halfway through
+        pattern.check_shape(reader.shape(name), name)
+
+    input_norms = None
+    if method == "wanda":
+        input_norms = expert_input_norms(in_dir, config, arch, reader, calibration_text, calibration_tokens)
+
+    report = ConversionReport(pattern, method)
+    with staged_dirs(*outputs) as staged:
+        writers = [ShardedWriter(d, max_shard_bytes) for d in staged]
+        for name in tqdm(reader.names(), desc="converting", unit="tensor", disable=not progress):
+            tensor = reader.get(name)
+            match = expert_re.match(name)
+            if not match:
+                for writer in writers:
+                    writer.add(name, tensor)
+                continue
+            layer, expert, proj = int(match["layer"]), int(match["expert"]), match["proj"]
+            scores = None
+            if input_norms is not None:
+                role = "w2" if arch.projections[proj] == DOWN else "w13"
+                scores = wanda_scores(tensor, input_norms[layer, role][expert])
+            pruned = prune(tensor, pattern, scores=scores, name=name)
+            packed = compress(pruned, pattern, name=name)
+            for packed_name, packed_tensor in packed.named(name.removesuffix(".weight")).items():
+                writers[0].add(packed_name, packed_tensor)
+                report.sparse_bytes += packed_tensor.numel() * packed_tensor.element_size()
+            report.dense_bytes += tensor.numel() * tensor.element_size()
+            report.layers.setdefault(layer, LayerStats()).add(tensor, pruned)
+            if export_dense:
+                writers[1].add(name, pruned)
+        for writer in writers:
+            writer.close()
+        _copy_side_files(in_dir, staged)
+        quant = quantization_config(pattern, arch.sparse_module_globs(), method)
+        sparse_config = dict(config, quantization_config=quant)
+        (staged[0] / "config.json").write_text(json.dumps(sparse_config, indent=2) + "\n")
+        (staged[0] / REPORT_NAME).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        if export_dense:
+            (staged[1] / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return report
+
+
+def _copy_side_files(in_dir: Path, out_dirs: list[Path]) -> None:
+    """Copy tokenizer, generation config and the like: everything but the weights and config.json."""
+    for src in in_dir.iterdir():
+        if src.name in ("config.json", INDEX_NAME) or src.suffix in (".safetensors", ".bin", ".pt", ".pth"):
+            continue
+        for out in out_dirs:
+            if src.is_dir():
+                shutil.copytree(src, out / src.name)
+            else:
+                shutil.copy2(src, out / src.name)

@@ -1,0 +1,230 @@
+"""Make Hugging Face MoE checkpoints with random weights, for tests and benchmarks without hub downloads.
+
+A preset (configs/models/*.json) is a real config.json. The weights are written as the hub has them, one tensor per
+expert and projection, because that is the layout vLLM, transformers and our converter read. Names and shapes come
+from a small per-family table rather than from instantiating transformers models: transformers 5 fuses experts
+internally, and real presets are far too large to instantiate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..errors import SamoyedsError
+from ..format import Pattern, quantization_config
+from .architectures import ARCHITECTURES, DOWN, architecture_of
+from .checkpoint_io import DEFAULT_MAX_SHARD_BYTES, ShardedWriter, check_output_dir, staged_dirs
+from .presets import load_preset, preset_family
+from .tokenizer import build_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+TensorSpec = tuple[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What differs between the families' checkpoints, beyond what architectures.Architecture records."""
+
+    num_experts_key: str  # config key: routed experts per layer
+    expert_size_key: str  # config key: routed expert intermediate size
+    attention_bias: str | None = None  # "qkv": q/k/v always have biases; "config": q/k/v/o if attention_bias
+    qk_norm: str | None = None  # "per_head": q_norm/k_norm over head_dim; "all_heads": over heads * head_dim
+    shared_expert: bool = False  # mlp.shared_expert.* and mlp.shared_expert_gate
+    dense_layers: bool = False  # mlp_only_layers / decoder_sparse_step may make some layers dense MLPs
+
+
+_LAYOUTS = {
+    "mixtral": _Layout("num_local_experts", "intermediate_size"),
+    "qwen2_moe": _Layout(
+        "num_experts", "moe_intermediate_size", attention_bias="qkv", shared_expert=True, dense_layers=True
+    ),
+    "qwen3_moe": _Layout(
+        "num_experts", "moe_intermediate_size", attention_bias="config", qk_norm="per_head", dense_layers=True
+    ),
+    "olmoe": _Layout("num_experts", "intermediate_size", attention_bias="config", qk_norm="all_heads"),
+}
+
+
+def weight_specs(hf_config: dict) -> list[TensorSpec]:
+    """Every tensor of a hub checkpoint of this config, as (name, shape), layer by layer."""
+    model_type = hf_config["model_type"]
+    if model_type not in _LAYOUTS:
+        raise SamoyedsError(
+            f"cannot make weights for model_type {model_type!r}; supported: {', '.join(_LAYOUTS)} "
+            "(other families: config only)"
+        )
+    arch, layout, c = ARCHITECTURES[model_type], _LAYOUTS[model_type], hf_config
+    hidden, heads = c["hidden_size"], c["num_attention_heads"]
+    kv_heads = c.get("num_key_value_heads") or heads
+    head_dim = c.get("head_dim") or hidden // heads
+    num_experts, expert_size = c[layout.num_experts_key], c[layout.expert_size_key]
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    attention = {
+        "q_proj": (q_size, hidden),
+        "k_proj": (kv_size, hidden),
+        "v_proj": (kv_size, hidden),
+        "o_proj": (hidden, q_size),
+    }
+
+    biases = {
+        "qkv": ["q_proj", "k_proj", "v_proj"],
+        "config": ["q_proj", "k_proj", "v_proj", "o_proj"] if c.get("attention_bias") else [],
+    }
+    bias_projs = biases.get(layout.attention_bias, [])
+    qk_norm_sizes = {"per_head": (head_dim, head_dim), "all_heads": (q_size, kv_size)}.get(layout.qk_norm)
+
+    def mlp(prefix: str, size: int) -> list[TensorSpec]:
+        return [
+            (f"{prefix}.gate_proj.weight", (size, hidden)),
+            (f"{prefix}.up_proj.weight", (size, hidden)),
+            (f"{prefix}.down_proj.weight", (hidden, size)),
+        ]
+
+    def is_moe(layer: int) -> bool:
+        if not layout.dense_layers:
+            return True
+        return (
+            layer not in c.get("mlp_only_layers", [])
+            and num_experts > 0
+            and (layer + 1) % c.get("decoder_sparse_step", 1) == 0
+        )
+
+    specs: list[TensorSpec] = [("model.embed_tokens.weight", (c["vocab_size"], hidden))]
+    for layer in range(c["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        specs += [(f"{p}.input_layernorm.weight", (hidden,)), (f"{p}.post_attention_layernorm.weight", (hidden,))]
+        specs += [(f"{p}.self_attn.{proj}.weight", shape) for proj, shape in attention.items()]
+        specs += [(f"{p}.self_attn.{proj}.bias", attention[proj][:1]) for proj in bias_projs]
+        if qk_norm_sizes:
+            specs += [
+                (f"{p}.self_attn.q_norm.weight", (qk_norm_sizes[0],)),
+                (f"{p}.self_attn.k_norm.weight", (qk_norm_sizes[1],)),
+            ]
+        if not is_moe(layer):
+            specs += mlp(f"{p}.mlp", c["intermediate_size"])
+            continue
+        specs.append((f"{p}.{arch.moe_block}.gate.weight", (num_experts, hidden)))
+        for expert in range(num_experts):
+            specs += [
+                (
+                    arch.expert_weight_name(layer, expert, proj),
+                    (hidden, expert_size) if role == DOWN else (expert_size, hidden),
+                )
+                for proj, role in arch.projections.items()
+            ]
+        if layout.shared_expert:
+            specs += mlp(f"{p}.mlp.shared_expert", c["shared_expert_intermediate_size"])
+            specs.append((f"{p}.mlp.shared_expert_gate.weight", (1, hidden)))
+    specs.append(("model.norm.weight", (hidden,)))
+    if not c.get("tie_word_embeddings", False):
+        specs.append(("lm_head.weight", (c["vocab_size"], hidden)))
+    return specs
+
+
+def _random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """Norm weights 1 and biases 0, as trained models start; matrices with std 1/sqrt(fan_in), so every layer
+    changes the residual stream as much as a trained one (with the usual std 0.02 the embeddings dominate and
+    the experts barely affect the output, which would make token comparisons blind to expert bugs).
+
+    Drawn in float32 (3x faster on CPU than drawing bfloat16), so one seed gives the same weights in every dtype.
+    """
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, dtype=dtype)
+    if name.endswith(".bias"):
+        return torch.zeros(shape, dtype=dtype)
+    std = shape[-1] ** -0.5
+    return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=generator).to(dtype)
+
+
+def write_weights(
+    model_dir: Path, hf_config: dict, seed: int = 0, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+) -> None:
+    """Write random weights for `hf_config` (in its torch_dtype) into `model_dir`, one shard in memory at a time."""
+    if max_shard_bytes <= 0:
+        raise SamoyedsError(f"max_shard_bytes must be positive, not {max_shard_bytes}")
+    specs = weight_specs(hf_config)
+    dtype = DTYPES[hf_config["torch_dtype"]]
+    total_bytes = sum(math.prod(shape) for _, shape in specs) * torch.empty((), dtype=dtype).element_size()
+    writer = ShardedWriter(model_dir, max_shard_bytes)
+    generator = torch.Generator().manual_seed(seed)
+    with tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="random weights") as progress:
+        for name, shape in specs:
+            tensor = _random_tensor(name, shape, dtype, generator)
+            writer.add(name, tensor)
+            progress.update(tensor.nbytes)
+    writer.close()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def make_model(
+    arch: str,
+    preset: str,
+    out_dir: Path,
+    dtype: str | None = None,
+    seed: int = 0,
+    config_only: bool = False,
+    force: bool = False,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    sparse: Pattern | None = None,
+) -> Path:
+    """Write a model folder (config.json, generation_config.json, tokenizer, random safetensors weights) to out_dir.
+
+    `sparse` (config only) marks the config as a packed samoyeds checkpoint of that pattern, so that vLLM with
+    load_format="dummy" allocates only the packed expert weights: models too large for the GPU when dense load.
+
+    Everything is written into a hidden sibling folder that is renamed to out_dir at the end, so a failed or
+    interrupted run leaves no out_dir (and, with force, the previous one untouched). Returns out_dir.
+    """
+    out_dir = Path(os.path.abspath(out_dir))  # so "." has a name and a parent, without following symlinks
+    hf_config = load_preset(arch, preset)
+    if not config_only and arch not in _LAYOUTS:
+        raise SamoyedsError(
+            f"random weights for {arch} are not supported (supported: {', '.join(_LAYOUTS)}); "
+            "use --config-only to write its config and tokenizer"
+        )
+    if sparse is not None:
+        if not config_only:
+            raise SamoyedsError(
+                "--sparse describes packed weights for load_format=dummy: use it with --config-only "
+                "(to sparsify real weights, make the model dense and run `samoyeds-vllm convert`)"
+            )
+        globs = architecture_of(hf_config).sparse_module_globs()
+        hf_config["quantization_config"] = quantization_config(sparse, globs, "dummy")
+    if dtype is not None:
+        if dtype not in DTYPES:
+            raise SamoyedsError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        hf_config["torch_dtype"] = dtype
+    check_output_dir(out_dir, force)
+    with staged_dirs(out_dir) as (work_dir,):
+        token_ids = build_tokenizer(work_dir, hf_config["vocab_size"])
+        hf_config.update(bos_token_id=token_ids["bos"], eos_token_id=token_ids["eos"], pad_token_id=token_ids["pad"])
+        _write_json(work_dir / "config.json", hf_config)
+        # Chat replies end with <|im_end|>, plain text with <|endoftext|>: generation stops on either.
+        _write_json(
+            work_dir / "generation_config.json",
+            {
+                "bos_token_id": token_ids["bos"],
+                "eos_token_id": [token_ids["eos"], token_ids["im_end"]],
+                "pad_token_id": token_ids["pad"],
+            },
+        )
+        if not config_only:
+            write_weights(work_dir, hf_config, seed, max_shard_bytes)
+    return out_dir
+
+
+def preset_model(preset: str, out_dir: Path, sparse: Pattern | None = None) -> Path:
+    """A config-only model of a preset for load_format="dummy", replacing out_dir: as vLLM serves it dense, or
+    marked as a packed `sparse` checkpoint (what the end-to-end benchmarks and the decode profile run)."""
+    return make_model(preset_family(preset), preset, out_dir, config_only=True, force=True, sparse=sparse)

@@ -1,0 +1,88 @@
+"""Random MoE layer problems of real model shapes, and their fp32 dense reference: what the GPU tests check the
+kernels on and what `bench moe` times (the layer-level counterpart of the model maker).
+
+A problem holds dense expert weights ~ N(0, 1/fan_in) (pruned onto the pattern when one is given, and then also
+packed as the plugin stores them after loading), activations ~ N(0, 1) and a routing of one of a few kinds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import kernels
+from ..format import PackedWeight, Pattern, compress, prune
+from ..plugin.ops import moe_experts, moe_reference
+from ..plugin.routing import route
+from .architectures import MoEShape
+
+ROUTINGS = ("balanced", "skewed", "sparse", "one-hot")
+
+
+@dataclass
+class MoEProblem:
+    x: torch.Tensor  # [T, H]
+    topk_weights: torch.Tensor  # [T, k]
+    topk_ids: torch.Tensor  # [T, k]
+    w13: torch.Tensor  # [E, 2I, H] dense weights (pruned onto `pattern` when it is set)
+    w2: torch.Tensor  # [E, H, I]
+    pattern: Pattern | None
+    packed13: PackedWeight | None  # w13 and w2 packed in the kernels' layout (kernels.prepare_weights)
+    packed2: PackedWeight | None
+
+
+def random_routing(tokens: int, shape: MoEShape, kind: str, generator: torch.Generator, device) -> tuple:
+    """(weights, ids) for `kind`: "balanced" (random logits), "skewed" (a few experts get most tokens),
+    "sparse" (half the experts get nothing), "one-hot" (expert 0 is in every token's top-k)."""
+    logits = torch.randn(tokens, shape.num_experts, generator=generator, device=device)
+    if kind == "skewed":
+        logits[:, : max(1, shape.num_experts // 16)] += 4.0
+    elif kind == "sparse":
+        logits[:, shape.num_experts // 2 :] = -1e4
+    elif kind == "one-hot":
+        logits[:, 0] = 1e4
+    elif kind != "balanced":
+        raise ValueError(f"unknown routing {kind!r}; choose one of {', '.join(ROUTINGS)}")
+    return route(logits, shape.top_k, renormalize=True)
+
+
+def make_problem(
+    shape: MoEShape,
+    pattern: Pattern | None,
+    tokens: int,
+    dtype: torch.dtype = torch.bfloat16,
+    routing: str = "balanced",
+    seed: int = 0,
+    device: str = "cuda",
+) -> MoEProblem:
+    """A random problem; `pattern` None keeps the weights dense (the dense peer of the same problem: the same seed
+    gives the same activations and routing)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    e, h, i = shape.num_experts, shape.hidden, shape.intermediate
+    w13 = (torch.randn(e, 2 * i, h, generator=gen, device=device) * h**-0.5).to(dtype)
+    w2 = (torch.randn(e, h, i, generator=gen, device=device) * i**-0.5).to(dtype)
+    packed13 = packed2 = None
+    if pattern is not None:
+        w13, w2 = prune(w13, pattern), prune(w2, pattern)
+        packed13, packed2 = (kernels.prepare_weights(compress(w, pattern)) for w in (w13, w2))
+    x = torch.randn(tokens, h, generator=gen, device=device).to(dtype)
+    weights, ids = random_routing(tokens, shape, routing, gen, device)
+    return MoEProblem(x, weights, ids, w13, w2, pattern, packed13, packed2)
+
+
+def run_sparse(p: MoEProblem) -> torch.Tensor:
+    """The problem through the samoyeds op (the GPU kernels on CUDA tensors)."""
+    return moe_experts(p.x, p.topk_weights, p.topk_ids, p.packed13, p.packed2, p.pattern)
+
+
+def reference(p: MoEProblem) -> torch.Tensor:
+    """The layer in fp32 from the dense (pruned) weights, expert by expert."""
+    return moe_reference(p.x, p.topk_weights, p.topk_ids, lambda expert: (p.w13[expert], p.w2[expert]))
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref||, NaN when out has a non-finite value."""
+    if not torch.isfinite(out).all():
+        return float("nan")
+    return float((out.float() - ref).norm() / ref.norm())

@@ -1,0 +1,125 @@
+"""Running vLLM as a user does: `vllm serve` as a child process on a free local port (waited for until it answers,
+always reaped), the `vllm` command of this environment, and what the engine log says about memory.
+
+Used by the serving example, the server tests and the end-to-end benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ..errors import SamoyedsError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_command() -> list[str]:
+    """The `vllm` CLI of this interpreter's environment (falls back to running its module)."""
+    exe = Path(sys.executable).with_name("vllm")
+    if exe.exists():
+        return [str(exe)]
+    if shutil.which("vllm"):
+        return ["vllm"]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+class VllmServer:
+    """`with VllmServer(model, ["--max-model-len", "1024"]) as server: ...server.url...`
+
+    The server's output goes to `log_path` (a file, so a chatty server never blocks on a full pipe).
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        args: list[str] = (),
+        port: int | None = None,
+        log_path: str | Path | None = None,
+        startup_timeout: float = 900.0,
+        env: dict | None = None,
+    ):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [*vllm_command(), "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.log_path = Path(log_path) if log_path else Path(f"vllm-serve-{self.port}.log")
+        self.startup_timeout = startup_timeout
+        self.env = dict(os.environ, **(env or {}))
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> VllmServer:
+        self._log = open(self.log_path, "w")
+        # A new session, so stopping the server also stops the engine processes it spawned.
+        self.process = subprocess.Popen(
+            self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SamoyedsError(f"vllm serve exited with code {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(2)
+        raise SamoyedsError(f"vllm serve did not become healthy in {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, grace: float = 30.0) -> None:
+        """Interrupt the server's process group, wait for it, kill it if it lingers."""
+        if self.process is not None and self.process.poll() is None:
+            pgid = os.getpgid(self.process.pid)
+            os.killpg(pgid, signal.SIGINT)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(pgid, signal.SIGKILL)
+                self.process.wait()
+            try:  # engine processes left in the group
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if getattr(self, "_log", None):
+            self._log.close()
+
+
+def parse_engine_log(text: str) -> dict:
+    """What vLLM logs about memory: weight memory, KV-cache tokens, its own concurrency estimate."""
+    info: dict = {}
+    if m := re.search(r"Model loading took ([\d.]+) GiB", text):
+        info["weights_gib"] = float(m[1])
+    if m := re.search(r"Available KV cache memory: ([\d.]+) GiB", text):
+        info["kv_cache_gib"] = float(m[1])
+    if m := re.search(r"KV cache size: ([\d,]+) tokens", text):
+        info["kv_cache_tokens"] = int(m[1].replace(",", ""))
+    if m := re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text):
+        info["estimated_max_seqs"] = {"tokens": int(m[1].replace(",", "")), "sequences": float(m[2])}
+    return info

@@ -1,0 +1,126 @@
+"""The CUDA kernels against the fp32 dense matmul of the pruned weights.
+
+Every model shape in configs/models, token counts from 1 to 16384, balanced / skewed / half-empty / one-expert
+routing, both patterns, every compiled block shape and split (through kernel configs). Internal buffers are
+poisoned with NaN (conftest.py) so an unwritten element fails.
+"""
+
+import pytest
+import torch
+
+from samoyeds_vllm import kernels
+from samoyeds_vllm.errors import SamoyedsError
+from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape
+from samoyeds_vllm.kernels.plan import block_shapes, device_of
+from samoyeds_vllm.tools.moe_problem import make_problem, reference, relative_error, run_sparse
+from samoyeds_vllm.tools.presets import available_presets, preset_shape
+
+SHAPES = [name for name in available_presets() if not name.startswith("tiny-")]
+PATTERNS = {"samoyeds": Pattern.parse("samoyeds"), "2:4": Pattern.parse("2:4")}
+BF16_TOLERANCE = 1e-2  # bf16 operands and a bf16 intermediate, fp32 accumulation (METHOD.md: 1e-3 .. 1e-2)
+
+
+def check(shape, pattern, tokens, routing="balanced", dtype=torch.bfloat16, seed=0):
+    problem = make_problem(shape, pattern, tokens, dtype, routing=routing, seed=seed)
+    out = run_sparse(problem)
+    torch.cuda.synchronize()
+    err = relative_error(out, reference(problem))
+    assert out.dtype == dtype and out.shape == problem.x.shape
+    assert err < BF16_TOLERANCE, f"relative error {err}"
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("tokens", [1, 7, 64, 300, 4096])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_shape(shape, tokens, pattern):
+    check(preset_shape(shape), PATTERNS[pattern], tokens, seed=tokens)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("routing", ["skewed", "sparse", "one-hot"])
+@pytest.mark.parametrize("tokens", [3, 200, 2048])
+def test_routings(routing, tokens, pattern):
+    check(preset_shape("qwen3-30b-a3b"), PATTERNS[pattern], tokens, routing=routing, seed=1)
+
+
+@pytest.mark.parametrize("shape", ["mixtral-8x7b", "qwen3-30b-a3b"])
+def test_largest_token_count(shape):
+    check(preset_shape(shape), PATTERNS["samoyeds"], 16384, seed=5)
+
+
+@pytest.mark.parametrize("tokens", [100, 1024])  # narrow token tiles (mma.sp), wide ones (wgmma on Hopper)
+@pytest.mark.parametrize("segment", [32, 64])
+def test_other_segments_and_fp16(segment, tokens):
+    check(preset_shape("olmoe-1b-7b"), Pattern.parse("samoyeds", segment), tokens, dtype=torch.float16, seed=2)
+
+
+@pytest.mark.parametrize("tokens", [100, 1024])  # narrow tiles; 128-token tiles (warp-specialised kernel, Hopper)
+def test_2of4_fp16(tokens):
+    check(preset_shape("olmoe-1b-7b"), PATTERNS["2:4"], tokens, dtype=torch.float16, seed=4)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_kernels_of_gpus_before_hopper(pattern, monkeypatch):
+    """The wide-tile mma.sp kernels that GPUs before Hopper run, here on any GPU (built for plain sm_XY)."""
+    major, minor = torch.cuda.get_device_capability()
+    monkeypatch.setenv("SAMOYEDS_KERNEL_ARCH", f"sm_{major}{minor}")
+    check(preset_shape("qwen3-30b-a3b"), PATTERNS[pattern], 2048, seed=3)
+
+
+def _every_block_shape(pattern: Pattern, gate_up: bool) -> list[tuple[int, GemmConfig]]:
+    hopper = device_of(torch.device("cuda")).hopper
+    tiles = (64, 128) if hopper and not pattern.is_samoyeds else (64,)
+    return [
+        (bn, GemmConfig(b.kind, b.warps, b.slabs))
+        for bn in tiles
+        for b in block_shapes(bn, gate_up, pattern.is_samoyeds, hopper)
+    ]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_every_block_shape_through_kernel_configs(pattern):
+    """Each compiled wide-tile block shape of each GEMM, forced by override_config, is correct (the shapes a tuned
+    table may pick; the heuristics pick only the first)."""
+    shape, pattern = preset_shape("qwen3-30b-a3b"), PATTERNS[pattern]
+    problem = make_problem(shape, pattern, 1024, seed=6)
+    ref = reference(problem)
+    for gate_up in (True, False):
+        for token_tile, gemm in _every_block_shape(pattern, gate_up):
+            config = KernelConfig(token_tile, gate_up=gemm) if gate_up else KernelConfig(token_tile, down=gemm)
+            with kernels.override_config(config):
+                err = relative_error(run_sparse(problem), ref)
+            assert err < BF16_TOLERANCE, f"{config}: relative error {err}"
+
+
+@pytest.mark.parametrize("splits", [(1, 1), (2, 3), (4, 1), (8, 6)])
+def test_split_k_through_kernel_configs(splits):
+    """Forced split-K factors of both GEMMs at decode sizes give the same layer (the split epilogues are right)."""
+    shape, pattern = preset_shape("mixtral-8x7b"), PATTERNS["samoyeds"]
+    problem = make_problem(shape, pattern, 4, seed=7)
+    config = KernelConfig(gate_up=GemmConfig(splits=splits[0]), down=GemmConfig(splits=splits[1]))
+    with kernels.override_config(config):
+        plan = kernels.plan_moe(
+            LayerShape(4, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate),
+            pattern,
+            torch.bfloat16,
+            device_of(torch.device("cuda")),
+        )
+        assert (plan.gate_up.splits, plan.down.splits) == splits
+        err = relative_error(run_sparse(problem), reference(problem))
+    assert err < BF16_TOLERANCE, f"splits {splits}: relative error {err}"
+
+
+def test_weights_in_another_layout_are_refused():
+    """The row selections must be stored as the plugin stores them after loading; the op never copies them."""
+    problem = make_problem(preset_shape("olmoe-1b-7b"), PATTERNS["samoyeds"], 8, seed=8)
+    problem.packed13 = problem.packed13._replace(rowsel=problem.packed13.rowsel.contiguous())
+    with pytest.raises(SamoyedsError, match="w13_rowsel .* is not stored segment-major"):
+        run_sparse(problem)
+
+
+def test_fresh_inputs_every_run():
+    """The same kernels on new random inputs give new, still correct, outputs (no stale state)."""
+    shape, pattern = preset_shape("qwen1.5-moe-a2.7b"), PATTERNS["samoyeds"]
+    for seed in range(3):
+        check(shape, pattern, 33, seed=seed)

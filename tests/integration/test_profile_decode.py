@@ -1,0 +1,67 @@
+"""benchmarks/profile_decode.py: kernel categories from a trace, and a run through vLLM on CPU."""
+
+import gzip
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "profile_decode.py"
+spec = importlib.util.spec_from_file_location("profile_decode", SCRIPT)
+profile_decode = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(profile_decode)
+
+
+def test_kernel_times_by_category(tmp_path):
+    events = [
+        {"cat": "kernel", "name": "_ZN8samoyeds8moe_gemmI13__nv_bfloat16Lb1ELi128ELi8ELb1EEEvPKT_", "dur": 20},
+        {"cat": "kernel", "name": "fused_moe_kernel", "dur": 30},
+        {"cat": "kernel", "name": "void vllm::act_and_mul_kernel<c10::BFloat16, ...>", "dur": 3},
+        {"cat": "kernel", "name": "void flash::flash_fwd_splitkv_kernel<...>", "dur": 7},
+        {"cat": "kernel", "name": "nvjet_tst_128x64_64x4_1x2_h_bz_coopA_TNT", "dur": 5},
+        {"cat": "kernel", "name": "triton_poi_fused_add_rms_norm_0", "dur": 2},
+        {"cat": "cpu_op", "name": "aten::mm", "dur": 1000},  # host events are not GPU time
+    ]
+    with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    times = profile_decode.kernel_times(tmp_path)
+    assert times["fused_moe_kernel"] == 30.0 and "aten::mm" not in times
+    assert profile_decode.by_category(times) == {"moe": 53.0, "attention": 7.0, "gemm": 5.0, "other": 2.0}
+
+
+@pytest.mark.vllm
+def test_profile_decode_runs_on_cpu(tmp_path):
+    """The whole script through vLLM's profiler on a tiny model (CPU: wall times only, no GPU kernels)."""
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--preset",
+            "tiny-qwen3_moe",
+            "--variants",
+            "samoyeds",
+            "--batch",
+            "2",
+            "--steps",
+            "4",
+            "--max-model-len",
+            "128",
+            "--enforce-eager",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "profile-decode.json").read_text())
+    assert record["results"]["samoyeds"]["2"]["wall_ms_per_step"] > 0
+    assert list(tmp_path.glob("trace-samoyeds-b2/*.json*")), "vLLM wrote no profiler trace"
+    assert "samoyeds" in done.stdout and "wall ms" in done.stdout

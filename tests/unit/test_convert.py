@@ -1,0 +1,279 @@
+"""The converter on tiny models of every supported architecture, and every bad input it must refuse cleanly."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import leftovers, read_checkpoint
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from samoyeds_vllm.errors import CheckpointError, PatternError, SamoyedsError
+from samoyeds_vllm.format import PackedWeight, Pattern, decompress, satisfies
+from samoyeds_vllm.tools import convert as convert_module
+from samoyeds_vllm.tools.architectures import ARCHITECTURES
+from samoyeds_vllm.tools.convert import REPORT_NAME, convert
+
+SAMOYEDS = Pattern.parse("samoyeds")
+TWO_FOUR = Pattern.parse("2:4")
+
+
+def packed_of(tensors: dict, weight_name: str, pattern: Pattern) -> PackedWeight:
+    prefix = weight_name.removesuffix(".weight")
+    return PackedWeight(
+        tensors[f"{prefix}.weight_packed"], tensors[f"{prefix}.weight_meta"], tensors.get(f"{prefix}.weight_rowsel")
+    )
+
+
+@pytest.mark.parametrize("pattern", [SAMOYEDS, TWO_FOUR], ids=str)
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_convert_every_architecture(tiny_models, tmp_path, arch, pattern):
+    dense_dir = tiny_models[arch]
+    report = convert(dense_dir, tmp_path / "sparse", pattern, export_dense=tmp_path / "pruned", progress=False)
+    dense, sparse, pruned = (
+        read_checkpoint(dense_dir),
+        read_checkpoint(tmp_path / "sparse"),
+        read_checkpoint(tmp_path / "pruned"),
+    )
+    expert_re = ARCHITECTURES[arch].expert_weight_re
+
+    experts = [n for n in dense if expert_re.match(n)]
+    assert experts, "the tiny model has routed experts"
+    for name, tensor in dense.items():
+        if expert_re.match(name):
+            assert name not in sparse
+            assert satisfies(pruned[name], pattern)
+            assert torch.equal(decompress(packed_of(sparse, name, pattern), pattern), pruned[name])
+        else:  # everything else is copied unchanged into both outputs
+            assert torch.equal(sparse[name], tensor) and torch.equal(pruned[name], tensor)
+    assert set(pruned) == set(dense)
+
+    config = json.loads((tmp_path / "sparse" / "config.json").read_text())
+    quant = config.pop("quantization_config")
+    assert quant["quant_method"] == "samoyeds" and quant["format_version"] == 1
+    assert (quant["pattern"], quant["segment"]) == (pattern.name, pattern.segment)
+    assert quant["sparse_modules"] == ARCHITECTURES[arch].sparse_module_globs()
+    assert config == json.loads((dense_dir / "config.json").read_text())
+    for side_file in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "sparse" / side_file).read_bytes() == (dense_dir / side_file).read_bytes()
+
+    # Random weights have no zeros: exactly the pattern's share is pruned, with a real reconstruction error.
+    assert report.layers and all(s.sparsity == pytest.approx(1 - pattern.density) for s in report.layers.values())
+    assert all(0.3 < s.relative_error < 1.0 for s in report.layers.values())
+    assert json.loads((tmp_path / "sparse" / REPORT_NAME).read_text()) == report.to_json()
+    assert report.sparse_bytes < report.dense_bytes * (pattern.density + 0.1)
+
+
+def test_pruned_export_loads_and_generates_in_transformers(tiny_models, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    convert(tiny_models["mixtral"], tmp_path / "sparse", SAMOYEDS, export_dense=tmp_path / "pruned", progress=False)
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "pruned", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "pruned")
+    ids = tokenizer("The quick brown fox", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 4
+
+
+def test_checkpoint_on_the_pattern_converts_losslessly(tiny_models, tmp_path):
+    """Converting the pruned export again gives the same packed tensors, and they decompress bit for bit."""
+    convert(tiny_models["qwen3_moe"], tmp_path / "a", SAMOYEDS, export_dense=tmp_path / "pruned", progress=False)
+    report = convert(tmp_path / "pruned", tmp_path / "b", SAMOYEDS, progress=False)
+    first, second, pruned = (
+        read_checkpoint(tmp_path / "a"),
+        read_checkpoint(tmp_path / "b"),
+        read_checkpoint(tmp_path / "pruned"),
+    )
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[n], second[n]) for n in first)
+    expert_re = ARCHITECTURES["qwen3_moe"].expert_weight_re
+    for name in filter(expert_re.match, pruned):
+        restored = decompress(packed_of(second, name, SAMOYEDS), SAMOYEDS)
+        assert torch.equal(restored.view(torch.int32), pruned[name].view(torch.int32))
+    assert all(s.relative_error == 0.0 for s in report.layers.values())
+
+
+@pytest.mark.parametrize("segment", [32, 64])
+def test_other_segments(tiny_models, tmp_path, segment):
+    pattern = Pattern.parse("samoyeds", segment)
+    convert(tiny_models["olmoe"], tmp_path / "s", pattern, progress=False)
+    quant = json.loads((tmp_path / "s" / "config.json").read_text())["quantization_config"]
+    assert quant["segment"] == segment
+    tensors = read_checkpoint(tmp_path / "s")
+    rowsel = next(t for n, t in tensors.items() if n.endswith("down_proj.weight_rowsel"))
+    assert rowsel.shape[-1] == 256 // segment  # tiny olmoe's expert intermediate size is 256
+
+
+def test_wanda_uses_calibration_activations(tiny_models, tmp_path):
+    """Wanda keeps a pattern-valid set that differs from magnitude's, because activation norms differ."""
+    convert(tiny_models["qwen2_moe"], tmp_path / "mag", TWO_FOUR, export_dense=tmp_path / "mag_d", progress=False)
+    report = convert(
+        tiny_models["qwen2_moe"],
+        tmp_path / "wanda",
+        TWO_FOUR,
+        "wanda",
+        export_dense=tmp_path / "wanda_d",
+        calibration_tokens=256,
+        progress=False,
+    )
+    assert report.method == "wanda"
+    quant = json.loads((tmp_path / "wanda" / "config.json").read_text())["quantization_config"]
+    assert quant["pruning_method"] == "wanda"
+    mag, wanda = read_checkpoint(tmp_path / "mag_d"), read_checkpoint(tmp_path / "wanda_d")
+    expert_re = ARCHITECTURES["qwen2_moe"].expert_weight_re
+    experts = [n for n in mag if expert_re.match(n)]
+    assert all(satisfies(wanda[n], TWO_FOUR) for n in experts)
+    changed = sum(not torch.equal(mag[n] != 0, wanda[n] != 0) for n in experts)
+    assert changed > len(experts) // 2
+    # Wanda trades weight magnitude for activation-weighted importance: its plain weight error is larger.
+    assert all(report.layers[i].relative_error > 0.3 for i in report.layers)
+
+
+# ------------------------------------------------------------------------------------------ bad inputs
+
+
+def copy_model(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def expect_refusal(in_dir: Path, out_dir: Path, error: type, words: str, **kwargs) -> None:
+    with pytest.raises(error, match=words):
+        convert(in_dir, out_dir, kwargs.pop("pattern", SAMOYEDS), progress=False, **kwargs)
+    assert not out_dir.exists()
+    assert leftovers(out_dir.parent) == []
+
+
+def test_missing_and_unreadable_input(tmp_path):
+    expect_refusal(tmp_path / "nope", tmp_path / "out", CheckpointError, "no such directory")
+    (tmp_path / "file").write_text("x")
+    expect_refusal(tmp_path / "file", tmp_path / "out", CheckpointError, "not a directory")
+    (tmp_path / "empty").mkdir()
+    expect_refusal(tmp_path / "empty", tmp_path / "out", CheckpointError, "no config.json")
+    (tmp_path / "badjson").mkdir()
+    (tmp_path / "badjson" / "config.json").write_text("{not json")
+    expect_refusal(tmp_path / "badjson", tmp_path / "out", CheckpointError, "not valid JSON")
+
+
+def test_unsupported_architecture(tiny_models, tmp_path):
+    model = copy_model(tiny_models["qwen3_moe"], tmp_path / "m")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, model_type="llama")))
+    expect_refusal(model, tmp_path / "out", CheckpointError, "'llama' is not a supported MoE architecture")
+
+
+def test_already_converted_and_quantized(tiny_models, tmp_path):
+    convert(tiny_models["mixtral"], tmp_path / "sparse", SAMOYEDS, progress=False)
+    expect_refusal(tmp_path / "sparse", tmp_path / "again", CheckpointError, "already a samoyeds sparse checkpoint")
+    model = copy_model(tiny_models["mixtral"], tmp_path / "fp8")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, quantization_config={"quant_method": "fp8"})))
+    expect_refusal(model, tmp_path / "out", CheckpointError, "quantized with 'fp8'")
+
+
+def test_truncated_and_corrupted_safetensors(tiny_models, tmp_path):
+    model = copy_model(tiny_models["olmoe"], tmp_path / "truncated")
+    weights = model / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    expect_refusal(model, tmp_path / "out", CheckpointError, "corrupted or truncated safetensors")
+    weights.write_bytes(b"\xff" * 64 + data[64:])  # garbage header
+    expect_refusal(model, tmp_path / "out", CheckpointError, "corrupted or truncated safetensors")
+    weights.unlink()
+    expect_refusal(model, tmp_path / "out", CheckpointError, "no \\*.safetensors weights")
+
+
+def test_index_naming_a_missing_shard(tiny_models, tmp_path):
+    model = copy_model(tiny_models["olmoe"], tmp_path / "m")
+    names = list(load_file(model / "model.safetensors"))
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in names}
+    weight_map[names[0]] = "model-00002-of-00002.safetensors"
+    (model / "model.safetensors").rename(model / "model-00001-of-00002.safetensors")
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    expect_refusal(model, tmp_path / "out", CheckpointError, "model-00002-of-00002.safetensors: listed in")
+
+
+def test_expert_shape_that_does_not_fit(tiny_models, tmp_path):
+    model = copy_model(tiny_models["qwen3_moe"], tmp_path / "m")
+    tensors = load_file(model / "model.safetensors")
+    name = "model.layers.1.mlp.experts.2.down_proj.weight"
+    tensors[name] = tensors[name][:, :96].contiguous()
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    expect_refusal(
+        model,
+        tmp_path / "out",
+        PatternError,
+        f"{name}: shape .* in_features 96 is not a multiple of the segment size 128",
+    )
+
+
+def test_existing_output_needs_force(tiny_models, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(SamoyedsError, match="already exists.*--force"):
+        convert(tiny_models["olmoe"], out, SAMOYEDS, progress=False)
+    with pytest.raises(SamoyedsError, match="does not look like a model; not replacing it"):
+        convert(tiny_models["olmoe"], out, SAMOYEDS, force=True, progress=False)
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "config.json").write_text("{}")  # an earlier model: --force replaces it
+    convert(tiny_models["olmoe"], out, SAMOYEDS, force=True, progress=False)
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
+    assert leftovers(tmp_path) == []
+    with pytest.raises(SamoyedsError, match="is the input directory"):
+        convert(tiny_models["olmoe"], tiny_models["olmoe"], SAMOYEDS, force=True, progress=False)
+
+
+def test_failure_midway_leaves_nothing(tiny_models, tmp_path, monkeypatch):
+    """A run that dies after writing some tensors leaves neither OUT_DIR, the dense export, nor temp dirs."""
+    calls = {"n": 0}
+    real_compress = convert_module.compress
+
+    def failing_compress(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 20:
+            raise KeyboardInterrupt
+        return real_compress(*args, **kwargs)
+
+    monkeypatch.setattr(convert_module, "compress", failing_compress)
+    with pytest.raises(KeyboardInterrupt):
+        convert(tiny_models["mixtral"], tmp_path / "out", SAMOYEDS, export_dense=tmp_path / "d", progress=False)
+    assert calls["n"] == 20
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_sharded_input_and_output(tiny_models, tmp_path):
+    """Multi-shard checkpoints convert; a small shard limit splits the output with a complete index."""
+    convert(tiny_models["qwen3_moe"], tmp_path / "sharded", SAMOYEDS, max_shard_bytes=1 << 20, progress=False)
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    files = set(index["weight_map"].values())
+    assert len(files) > 1
+    for f in files:
+        with safe_open(tmp_path / "sharded" / f, "pt") as h:
+            assert all(index["weight_map"][k] == f for k in h.keys())
+    # The sharded sparse checkpoint reads back like the single-file one.
+    convert(tiny_models["qwen3_moe"], tmp_path / "single", SAMOYEDS, progress=False)
+    sharded, single = read_checkpoint(tmp_path / "sharded"), read_checkpoint(tmp_path / "single")
+    assert sharded.keys() == single.keys() and all(torch.equal(sharded[k], single[k]) for k in single)
+
+
+def test_cli_reports_errors_without_traceback(tiny_models, tmp_path):
+    cli = [sys.executable, "-m", "samoyeds_vllm.cli", "convert"]
+    bad = subprocess.run(
+        cli + [str(tmp_path / "missing"), str(tmp_path / "out"), "--pattern", "2:4"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2
+    assert "error:" in bad.stderr and "no such directory" in bad.stderr and "Traceback" not in bad.stderr
+    ok = subprocess.run(
+        cli + [str(tiny_models["olmoe"]), str(tmp_path / "out"), "--pattern", "samoyeds", "--segment", "64"],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "sparsity" in ok.stdout and "75.00%" in ok.stdout
+    assert "converting" in ok.stderr  # the progress bar

@@ -1,0 +1,161 @@
+"""The sparse format: pattern invariants, exact round trips, the packed layout, errors."""
+
+import pytest
+import torch
+from helpers import PATTERNS, weights
+from hypothesis import given, settings
+
+from samoyeds_vllm.errors import PatternError
+from samoyeds_vllm.format import (
+    PackedWeight,
+    Pattern,
+    check,
+    check_packed,
+    compress,
+    decompress,
+    prune,
+    satisfies,
+)
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA tensors need a GPU")),
+]
+
+
+def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and torch.equal(a.view(INT_VIEW[a.dtype]), b.view(INT_VIEW[b.dtype]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(weights())
+def test_prune_compress_decompress_round_trip(case):
+    pattern, w = case
+    pruned = prune(w, pattern)
+    assert satisfies(pruned, pattern)
+    # Pruning only zeroes entries; every kept entry is the original value.
+    kept = pruned != 0
+    assert torch.equal(pruned[kept], w[kept])
+    # No more than the pattern's density survives, exactly that when nothing was zero to begin with.
+    if bool((w != 0).all()):
+        assert int(kept.sum()) == int(pattern.density * w.numel())
+    else:
+        assert int(kept.sum()) <= int(pattern.density * w.numel())
+    packed = compress(pruned, pattern)
+    shapes = pattern.packed_shapes(w.shape)
+    assert {k: tuple(getattr(packed, k).shape) for k in shapes} == shapes
+    check_packed(packed, pattern, tuple(w.shape))
+    assert bit_equal(decompress(packed, pattern), pruned)
+
+
+@settings(max_examples=30, deadline=None)
+@given(weights())
+def test_satisfying_tensor_is_kept_bit_for_bit(case):
+    """A tensor already on the pattern is neither changed by prune nor by the pack round trip, even where a
+    kept value is -0.0."""
+    pattern, w = case
+    on_pattern = prune(w, pattern)
+    kept = (on_pattern != 0).nonzero()
+    on_pattern[tuple(kept[::2].T)] = -0.0
+    assert bit_equal(prune(on_pattern, pattern), on_pattern)
+    assert bit_equal(decompress(compress(on_pattern, pattern), pattern), on_pattern)
+
+
+def test_metadata_layout_is_the_documented_one():
+    """Pins format version 1: group c's nibble p0 | p1 << 2 at bits 4c, int16 per 16 inputs; row pairs."""
+    pattern = Pattern.parse("2:4")
+    row = torch.zeros(1, 32)
+    kept = [(0, 1), (2, 3), (0, 3), (1, 2), (0, 2), (1, 3), (0, 1), (2, 3)]
+    for g, (a, b) in enumerate(kept):
+        row[0, 4 * g + a], row[0, 4 * g + b] = 10 * g + 1, 10 * g + 2
+    packed = compress(row, pattern)
+    nibbles = [a | b << 2 for a, b in kept]
+    words = [sum(n << 4 * c for c, n in enumerate(nibbles[i : i + 4])) for i in (0, 4)]
+    assert [w & 0xFFFF for w in packed.meta[0].tolist()] == words
+    assert packed.values[0].tolist() == [v for g in range(8) for v in (10 * g + 1, 10 * g + 2)]
+    # An all-zero group still names a valid pair, the lowest positions.
+    assert compress(torch.zeros(1, 32), pattern).meta[0].tolist() == [0x4444, 0x4444]
+
+    samoyeds = Pattern.parse("samoyeds", 32)
+    w = torch.zeros(2, 64)
+    w[1, :32] = prune(torch.randn(1, 32), pattern)  # segment 0: row 1 kept
+    w[0, 32:] = prune(torch.randn(1, 32), pattern)  # segment 1: row 0 kept
+    packed = compress(w, samoyeds)
+    assert packed.rowsel.tolist() == [[1, 0]]
+    assert torch.equal(
+        packed.values, torch.cat([compress(w[1:, :32], pattern).values, compress(w[:1, 32:], pattern).values], dim=1)
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pattern", PATTERNS, ids=str)
+def test_batched_experts_match_per_expert(pattern, device):
+    """Packing [E, m, k] at once equals packing each expert alone, on CPU and CUDA tensors."""
+    w = prune(torch.randn(4, 64, 256, dtype=torch.bfloat16, device=device), pattern)
+    batched = compress(w, pattern)
+    for e in range(4):
+        single = compress(w[e], pattern)
+        for part in PackedWeight._fields:
+            if single._asdict()[part] is not None:
+                assert torch.equal(getattr(batched, part)[e], getattr(single, part))
+    assert batched.values.device.type == device
+    assert bit_equal(decompress(batched, pattern), w)
+
+
+@pytest.mark.parametrize(
+    "pattern, shape, words",
+    [
+        (Pattern.parse("samoyeds"), (7, 128), "out_features 7 is odd"),
+        (Pattern.parse("samoyeds"), (8, 192), "not a multiple of the segment size 128"),
+        (Pattern.parse("samoyeds", 64), (8, 96), "not a multiple of the segment size 64"),
+        (Pattern.parse("2:4"), (8, 48), "not a multiple of 32"),
+        (Pattern.parse("2:4"), (64,), "is not a matrix"),
+    ],
+)
+def test_shapes_that_do_not_fit_name_tensor_and_rule(pattern, shape, words):
+    for fn in (prune, compress, satisfies):
+        with pytest.raises(PatternError, match=words) as err:
+            fn(torch.randn(shape), pattern, name="layers.3.experts.1.w2.weight")
+        assert "layers.3.experts.1.w2.weight" in str(err.value)
+
+
+def test_bad_pattern_arguments():
+    with pytest.raises(PatternError, match="unknown sparsity pattern"):
+        Pattern.parse("1:8")
+    with pytest.raises(PatternError, match="segment must be one of"):
+        Pattern.parse("samoyeds", 48)
+    with pytest.raises(PatternError, match="only applies to the samoyeds"):
+        Pattern.parse("2:4", 128)
+    with pytest.raises(PatternError, match="dtype torch.int32 is not supported"):
+        prune(torch.ones(2, 32, dtype=torch.int32), Pattern.parse("2:4"))
+
+
+def test_compress_refuses_a_tensor_off_the_pattern():
+    w = torch.randn(2, 4, 256)
+    with pytest.raises(PatternError, match=r"w13 does not satisfy the 2:4 pattern: expert 0, row 0"):
+        compress(w, Pattern.parse("2:4"), name="w13")
+    almost = prune(w, Pattern.parse("samoyeds"))
+    almost[1, 2, 130] = almost[1, 3, 130] = 1.0  # both rows of pair 1 now used in segment 1
+    with pytest.raises(PatternError, match=r"expert 1, rows 2 and 3 both have non-zeros in inputs 128..255"):
+        check(almost, Pattern.parse("samoyeds"), name="w13")
+
+
+def test_check_packed_finds_corruption():
+    pattern = Pattern.parse("samoyeds")
+    w = prune(torch.randn(8, 256), pattern)
+    packed = compress(w, pattern)
+    check_packed(packed, pattern, (8, 256), name="x.weight")
+    bad_meta = packed.meta.clone()
+    bad_meta[0, 0] = 0  # nibble 0b0000: positions (0, 0)
+    with pytest.raises(PatternError, match="invalid position pair"):
+        check_packed(packed._replace(meta=bad_meta), pattern, (8, 256), name="x.weight")
+    bad_sel = packed.rowsel.clone()
+    bad_sel[1, 1] = 2
+    with pytest.raises(PatternError, match="row selectors must be uint8 values 0 or 1"):
+        check_packed(packed._replace(rowsel=bad_sel), pattern, (8, 256), name="x.weight")
+    with pytest.raises(PatternError, match=r"packed values has shape \(4, 64\), expected \(4, 128\)"):
+        check_packed(packed._replace(values=packed.values[:, :64]), pattern, (8, 256), name="x.weight")
+    with pytest.raises(PatternError, match="packed rowsel tensor is missing"):
+        check_packed(packed._replace(rowsel=None), pattern, (8, 256), name="x.weight")

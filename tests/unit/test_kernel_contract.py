@@ -1,0 +1,122 @@
+"""The contract between csrc/ and samoyeds_vllm/kernels/, checked with a host compiler on CPU: the parameter
+struct (params.cuh) against its mirror in kernels/params.py (names, order, offsets, size), the constants of
+config.cuh as kernels/geometry.py reads them, and the shared-memory stage sizes the plan asks for (tiles.cuh)."""
+
+import dataclasses
+import re
+import shutil
+import subprocess
+import typing
+from pathlib import Path
+
+import pytest
+
+from samoyeds_vllm.kernels import geometry, params
+from samoyeds_vllm.kernels.geometry import BlockShape
+from samoyeds_vllm.kernels.plan import block_shapes, token_tiles
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+
+
+def _fields(cls, prefix=""):
+    """(dotted path, dtype offset) of every scalar field of a params dataclass, in order."""
+    dtype = params.struct_dtype(cls)
+    hints = typing.get_type_hints(cls, globalns=vars(params))
+    out = []
+    for f in dataclasses.fields(cls):
+        offset = dtype.fields[f.name][1]
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += [(f"{prefix}{f.name}.{name}", offset + sub) for name, sub in _fields(hints[f.name])]
+        else:
+            out.append((f"{prefix}{f.name}", offset))
+    return out
+
+
+def _struct_members(name: str) -> list[str]:
+    """The member names of `struct name { ... }` in params.cuh, in order (one member per line there)."""
+    text = (CSRC / "params.cuh").read_text()
+    body = re.search(rf"struct {name} {{(.*?)\n}};", text, re.S)[1]
+    code = [line.split("//")[0].strip() for line in body.splitlines()]
+    return [re.search(r"(\w+);$", line)[1] for line in code if line]
+
+
+def test_python_mirror_names_every_member_in_order():
+    assert [f.name for f in dataclasses.fields(params.PackedExperts)] == _struct_members("PackedExperts")
+    assert [f.name for f in dataclasses.fields(params.MoEParams)] == _struct_members("MoEParams")
+
+
+def _compiler() -> list[str]:
+    if shutil.which("nvcc"):
+        return ["nvcc", "-x", "cu", "-std=c++17"]
+    pytest.skip("needs nvcc to compile the CUDA headers on the host")
+
+
+@pytest.fixture(scope="module")
+def compiled_layout(tmp_path_factory) -> dict[str, int]:
+    """Offsets, sizes and constants printed by a host program built from the headers themselves."""
+    fields = _fields(params.MoEParams)
+    stages = sorted(
+        {
+            (bn, shape.a_rows)
+            for samoyeds in (True, False)
+            for hopper in (True, False)
+            for bn in token_tiles(samoyeds, hopper)
+            for gate_up in (True, False)
+            for shape in block_shapes(bn, gate_up, samoyeds, hopper)
+        }
+    )
+    lines = [
+        "#include <cstdio>",
+        '#include "config.cuh"',
+        '#include "params.cuh"',
+        '#include "tiles.cuh"',
+        "using namespace samoyeds;",
+        "int main() {",
+        "  MoEParams p{};",
+        '  printf("sizeof %zu\\n", sizeof(MoEParams));',
+    ]
+    lines += [f'  printf("{path} %zu\\n", (size_t)((char*)&p.{path} - (char*)&p));' for path, _ in fields]
+    lines += [f'  printf("{name} %d\\n", {name});' for name in geometry.CONSTANTS]
+    lines += [f'  printf("stage_{bn}_{rows} %zu\\n", sizeof(Stage<{bn}, {rows}>));' for bn, rows in stages]
+    lines += ["  return 0;", "}"]
+    work = tmp_path_factory.mktemp("contract")
+    (work / "layout.cu").write_text("\n".join(lines) + "\n")
+    build = subprocess.run(
+        [*_compiler(), "-I", str(CSRC), "-o", str(work / "layout"), str(work / "layout.cu")],
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    run = subprocess.run([str(work / "layout")], capture_output=True, text=True, check=True)
+    return {key: int(value) for key, value in (line.split() for line in run.stdout.splitlines())}
+
+
+def test_parameter_struct_layout_matches(compiled_layout):
+    assert compiled_layout["sizeof"] == params.struct_dtype(params.MoEParams).itemsize
+    for path, offset in _fields(params.MoEParams):
+        assert compiled_layout[path] == offset, path
+
+
+def test_constants_are_read_as_compiled(compiled_layout):
+    assert geometry.CONSTANTS and all(compiled_layout[k] == v for k, v in geometry.CONSTANTS.items())
+
+
+def test_stage_sizes_match_the_plans_shared_memory(compiled_layout):
+    for key, size in compiled_layout.items():
+        if key.startswith("stage_"):
+            _, bn, rows = key.split("_")
+            assert geometry.stage_bytes(int(bn), int(rows)) == size, key
+    assert BlockShape("ws", 8, 2).a_rows == 256
+
+
+def test_every_kernel_takes_the_one_parameter_struct():
+    """No kernel of csrc/ takes positional launch arguments: each __global__ function's parameter list is one
+    MoEParams, so the host fills one struct (kernels/launch.py) instead of mirroring argument lists."""
+    kernels = 0
+    for path in CSRC.glob("*.cu*"):
+        for name, params_list in re.findall(
+            r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(([^)]*)\)", path.read_text()
+        ):
+            kernels += 1
+            assert params_list == "const __grid_constant__ MoEParams p", (path.name, name, params_list)
+    assert kernels == 7  # 3 routing, 2 GEMM, 2 reductions

@@ -1,0 +1,152 @@
+"""The launch plan the GPU kernels take from shapes alone (split-K, token tiles, block shapes) and from kernel
+configs (tuned tables, overrides): pure functions, run on CPU.
+
+The expected split factors are the choices the H100 sweeps picked (benchmarks/tune_kernels.py).
+"""
+
+import json
+
+import pytest
+import torch
+
+from samoyeds_vllm.errors import SamoyedsError
+from samoyeds_vllm.format import PackedWeight, Pattern
+from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape, override_config, plan_moe, prepare_weights
+from samoyeds_vllm.kernels import plan as kernel_plan
+from samoyeds_vllm.kernels.geometry import BlockShape
+from samoyeds_vllm.kernels.plan import Device, splits_heuristic, token_tile_heuristic
+
+SMS = 132  # H100 SXM
+H100 = Device("NVIDIA H100 80GB HBM3", (9, 0), SMS, "sm_90a")
+A100 = Device("NVIDIA A100-SXM4-80GB", (8, 0), 108, "sm_80")
+QWEN3 = dict(top_k=8, num_experts=128, hidden=2048, inter=768)
+SAMOYEDS, TWO_FOUR = Pattern.parse("samoyeds"), Pattern.parse("2:4")
+
+
+@pytest.mark.parametrize(
+    "samoyeds, row_blocks, slots, experts, k_tiles, expected",
+    [
+        (True, 6, 8, 128, 16, 4),  # Qwen3 samoyeds gate/up at T = 1: 53 blocks for 132 SMs
+        (False, 12, 8, 128, 16, 2),  # Qwen3 2:4 gate/up at T = 1: 105 blocks
+        (True, 16, 8, 128, 6, 1),  # Qwen3 samoyeds down at T = 1: 141 blocks fill the SMs
+        (True, 6, 32, 128, 16, 1),  # Qwen3 samoyeds gate/up at T = 4: 195 blocks
+        (True, 32, 2, 8, 112, 6),  # Mixtral samoyeds down at T = 1: 68 blocks of a long K (wants two per SM)
+        (False, 64, 2, 8, 112, 3),  # Mixtral 2:4 down at T = 1: 136 blocks, still under two per SM
+    ],
+)
+def test_split_k_choices(samoyeds, row_blocks, slots, experts, k_tiles, expected):
+    bn = token_tile_heuristic(slots, experts, samoyeds)
+    assert splits_heuristic(row_blocks, slots, experts, bn, k_tiles, SMS) == expected
+
+
+@pytest.mark.parametrize("slots", [1, 8, 64, 512, 4096, 131072])
+@pytest.mark.parametrize("k_tiles", [4, 6, 11, 16, 32, 112])
+def test_splits_keep_four_k_tiles_and_stop_at_full_gpus(slots, k_tiles):
+    """Every split keeps at least four k tiles for the pipeline (or none is made), and a GEMM with a block per SM
+    (two for long K) is never split."""
+    for row_blocks in (1, 6, 32, 112):
+        z = splits_heuristic(row_blocks, slots, 128, 8, k_tiles, SMS)
+        assert 1 <= z <= kernel_plan.MAX_SPLITS
+        assert z == 1 or k_tiles // z >= 4
+    wanted = SMS * (2 if k_tiles >= kernel_plan.LONG_K_TILES else 1)
+    assert splits_heuristic(wanted, slots, 128, 8, k_tiles, SMS) == 1  # at least one expert: >= wanted blocks
+
+
+def test_plans_of_the_qwen3_layer_on_an_h100():
+    """The heuristics' plan end to end: decode takes split mma.sp blocks, prefill the warp-specialised kernel, 2:4
+    with 128-token tiles; grids, threads and shared memory follow from the block shapes."""
+    decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100)
+    assert decode.token_tile == 8 and decode.chunks == 0
+    assert decode.gate_up.block == BlockShape("mma", 4, 2) and decode.gate_up.splits == 4
+    assert decode.gate_up.grid == (384 // 64, decode.num_tiles, 4) and decode.gate_up.threads == 128
+    assert decode.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, 128, 8, true, 4, 2, false>"
+    assert decode.sum_kernel == "samoyeds::sum_slots<__nv_bfloat16, __nv_bfloat16, 1>"
+    assert decode.silu_kernel == "samoyeds::silu_mul_splits<__nv_bfloat16>"
+
+    prefill = plan_moe(LayerShape(16384, **QWEN3), SAMOYEDS, torch.bfloat16, H100)
+    assert prefill.token_tile == 64 and prefill.chunks == 16384 * 8 // 2048
+    assert prefill.gate_up.block == BlockShape("ws", 8, 2) and prefill.gate_up.grid[0] == SMS
+    assert prefill.gate_up.threads == 384 and prefill.gate_up.shared_bytes == 4 * (64 * 256 + 256 * 144) + 1024
+    assert prefill.gate_up.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, true, 128, 64, true>"
+    assert prefill.silu_kernel is None and prefill.sum_kernel.endswith(", 8>")
+
+    two_four = plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.float16, H100)
+    assert (
+        two_four.token_tile == 128 and two_four.down.kernel == "samoyeds::moe_gemm_ws<__half, false, 128, 128, false>"
+    )
+    before_hopper = plan_moe(LayerShape(16384, **QWEN3), SAMOYEDS, torch.bfloat16, A100)
+    assert before_hopper.gate_up.block == BlockShape("mma", 8, 2)
+
+
+def test_rows_off_the_ws_blocks_fall_back_to_the_one_warpgroup_kernel():
+    """Qwen1.5's 704 gate rows per half (samoyeds: 352) are not whole 128-row blocks: wgmma, 64-row blocks."""
+    plan = plan_moe(LayerShape(4096, 4, 60, 2048, 1408), SAMOYEDS, torch.bfloat16, H100)
+    assert plan.gate_up.block == BlockShape("wgmma", 4, 2) and plan.down.block == BlockShape("ws", 8, 2)
+
+
+def test_override_config_picks_any_compiled_choice_and_refuses_the_rest():
+    shape = LayerShape(1024, **QWEN3)
+    default = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100)
+    config = KernelConfig(64, GemmConfig("wgmma", 4, 2, 2), GemmConfig(splits=3))
+    with override_config(config):
+        forced = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100)
+    assert forced.gate_up.block == BlockShape("wgmma", 4, 2) and forced.gate_up.splits == 2
+    assert forced.down.block == default.down.block and forced.down.splits == 3
+    assert plan_moe(shape, SAMOYEDS, torch.bfloat16, H100) == default  # only inside the block
+    for bad, words in [
+        (KernelConfig(128), "token tile 128 is not compiled"),
+        (KernelConfig(64, GemmConfig("mma", 4, 2)), "is not compiled for token tile 64"),
+        (KernelConfig(gate_up=GemmConfig(splits=9)), "splits 9 not in 1..8"),
+        (KernelConfig(gate_up=GemmConfig(kind="ws")), "give kind, warps and slabs together"),
+    ]:
+        with override_config(bad), pytest.raises(SamoyedsError, match=words):
+            plan_moe(shape, SAMOYEDS, torch.bfloat16, H100)
+
+
+def test_tuned_tables_are_read_by_gpu_and_shape_and_take_the_nearest_token_count(tmp_path, monkeypatch):
+    shape = LayerShape(100, **QWEN3)
+    name = kernel_plan.table_name(shape, SAMOYEDS, torch.bfloat16, H100)
+    assert name == (
+        "E=128,H=2048,I=768,top_k=8,pattern=samoyeds128,dtype=bfloat16,device_name=NVIDIA_H100_80GB_HBM3.json"
+    )
+    table = {
+        "16": KernelConfig(gate_up=GemmConfig(splits=2)).to_json(),
+        "128": KernelConfig(down=GemmConfig(splits=3)).to_json(),
+    }
+    (tmp_path / name).write_text(json.dumps(table))
+    monkeypatch.setenv(kernel_plan.CONFIG_DIR_ENV, str(tmp_path))
+    kernel_plan._read_table.cache_clear()
+    try:
+        assert plan_moe(shape, SAMOYEDS, torch.bfloat16, H100).down.splits == 3  # 100 is nearest 128
+        assert plan_moe(LayerShape(20, **QWEN3), SAMOYEDS, torch.bfloat16, H100).gate_up.splits == 2
+        past = LayerShape(129, **QWEN3)  # past the table: the heuristics
+        assert plan_moe(past, SAMOYEDS, torch.bfloat16, H100) == kernel_plan._plan(
+            past, SAMOYEDS, torch.bfloat16, H100, KernelConfig()
+        )
+        assert plan_moe(shape, SAMOYEDS, torch.bfloat16, A100) == plan_moe(  # another GPU: no table, heuristics
+            shape, SAMOYEDS, torch.bfloat16, A100
+        )
+        (tmp_path / name).write_text(json.dumps({"16": {"gate_up": {"blocks": 2}}}))
+        kernel_plan._read_table.cache_clear()
+        with pytest.raises(SamoyedsError, match="not a kernel config"):
+            plan_moe(shape, SAMOYEDS, torch.bfloat16, H100)
+    finally:
+        kernel_plan._read_table.cache_clear()
+
+
+def test_config_json_round_trip():
+    config = KernelConfig(32, GemmConfig("mma", 4, 2, 4), GemmConfig(splits=1))
+    assert KernelConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    assert KernelConfig().to_json() == {}
+
+
+def test_prepare_weights_stores_rowsel_segment_major_with_the_same_values():
+    """The kernels copy a stage's row selections of 16 rows with one 16-byte copy: rowsel [E, R, K/V] must be
+    stored segment-major. prepare_weights gives that layout (same shape and values) and leaves such a tensor as is."""
+    rowsel = torch.randint(0, 2, (3, 64, 8), dtype=torch.uint8)
+    packed = PackedWeight(torch.zeros(3, 128, 512), torch.zeros(3, 128, 64, dtype=torch.int16), rowsel)
+    stored = prepare_weights(packed)
+    assert torch.equal(stored.rowsel, rowsel) and stored.rowsel.shape == rowsel.shape
+    assert stored.rowsel.stride() == (64 * 8, 1, 64)  # segment s of row r at byte s * R + r of the expert
+    assert prepare_weights(stored).rowsel is stored.rowsel
+    assert prepare_weights(packed._replace(rowsel=None)).rowsel is None

@@ -1,0 +1,377 @@
+"""make-model: tiny random models that transformers loads exactly, real presets as config only, and clean failures."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import leftovers, read_checkpoint
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from samoyeds_vllm.cli import main
+from samoyeds_vllm.errors import SamoyedsError
+from samoyeds_vllm.tools import checkpoint_io
+from samoyeds_vllm.tools.architectures import ARCHITECTURES
+from samoyeds_vllm.tools.model_maker import make_model, weight_specs, write_weights
+from samoyeds_vllm.tools.presets import available_presets, load_preset
+from samoyeds_vllm.tools.tokenizer import CHAT_TEMPLATE, IM_END, IM_START, build_tokenizer
+
+FAMILIES = sorted(ARCHITECTURES)
+REAL_PRESETS = sorted(name for name in available_presets() if not name.startswith("tiny-"))
+
+
+def load_exactly(model_dir: Path):
+    """Load with transformers and fail on any key it had to skip or make up: the names must be the hub's."""
+    model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), output_loading_info=True)
+    assert {key: value for key, value in info.items() if value} == {}
+    return model
+
+
+# --- tiny models of every family --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_tiny_model_loads_in_transformers_and_generates(tiny_models, arch):
+    model_dir = tiny_models[arch]
+    model = load_exactly(model_dir)
+    assert type(model).__name__ == ARCHITECTURES[arch].hf_class
+    assert model.dtype == torch.float32
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    prompt = tokenizer("The quick brown fox", return_tensors="pt")
+    output = model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    again = model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert output.shape == (1, prompt["input_ids"].shape[1] + 4)
+    assert torch.equal(output, again)
+    assert int(output.max()) < model.config.vocab_size
+    assert tokenizer.decode(output[0]).startswith("The quick brown fox")
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_tiny_checkpoint_has_hub_names_and_init(tiny_models, arch):
+    model_dir = tiny_models[arch]
+    config = json.loads((model_dir / "config.json").read_text())
+    tensors = read_checkpoint(model_dir)
+    assert [(name, tuple(tensors[name].shape)) for name, _ in weight_specs(config)] == [
+        (name, shape) for name, shape in weight_specs(config)
+    ]
+    assert set(tensors) == {name for name, _ in weight_specs(config)}
+
+    family = ARCHITECTURES[arch]
+    experts = [name for name in tensors if family.expert_weight_re.match(name)]
+    num_experts = config.get("num_local_experts") or config["num_experts"]
+    assert len(experts) == config["num_hidden_layers"] * num_experts * 3
+    for name in experts:  # every expert weight dimension is a whole number of 128-wide sparse segments
+        assert all(dim % 128 == 0 for dim in tensors[name].shape), name
+
+    for name, tensor in tensors.items():
+        assert tensor.dtype == torch.float32
+        if name.endswith("norm.weight"):
+            assert torch.all(tensor == 1), name
+        elif name.endswith(".bias"):
+            assert torch.all(tensor == 0), name
+        elif tensor.numel() >= 1000:
+            assert tensor.std().item() == pytest.approx(tensor.shape[-1] ** -0.5, rel=0.1), name
+
+
+def test_family_specific_tensors(tiny_models):
+    names = {arch: set(read_checkpoint(tiny_models[arch])) for arch in FAMILIES}
+    assert "model.layers.0.block_sparse_moe.experts.3.w1.weight" in names["mixtral"]
+    assert "model.layers.1.block_sparse_moe.gate.weight" in names["mixtral"]
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight" in names["qwen3_moe"]
+    assert {
+        "model.layers.0.mlp.shared_expert.gate_proj.weight",
+        "model.layers.0.mlp.shared_expert_gate.weight",
+        "model.layers.0.self_attn.q_proj.bias",
+    } <= names["qwen2_moe"]
+    assert "model.layers.0.self_attn.o_proj.bias" not in names["qwen2_moe"]
+
+    shapes = {
+        arch: dict(weight_specs(json.loads((tiny_models[arch] / "config.json").read_text()))) for arch in FAMILIES
+    }
+    assert shapes["qwen3_moe"]["model.layers.0.self_attn.q_norm.weight"] == (32,)  # head_dim
+    assert shapes["olmoe"]["model.layers.0.self_attn.q_norm.weight"] == (128,)  # heads * head_dim
+    assert shapes["olmoe"]["model.layers.0.self_attn.k_norm.weight"] == (64,)  # kv_heads * head_dim
+    assert shapes["qwen2_moe"]["model.layers.0.mlp.shared_expert_gate.weight"] == (1, 128)
+    assert shapes["mixtral"]["model.layers.0.block_sparse_moe.experts.0.w2.weight"] == (128, 256)
+    assert all("lm_head.weight" in s for s in shapes.values())
+
+
+def test_tiny_presets_fit_the_sparse_pattern():
+    for arch in FAMILIES:
+        config = load_preset(arch, "tiny")
+        assert config["model_type"] == arch and config["architectures"] == [ARCHITECTURES[arch].hf_class]
+        assert config["hidden_size"] % 128 == 0 and config["torch_dtype"] == "float32"
+    assert load_preset("qwen3_moe", "tiny")["norm_topk_prob"] is True
+    assert load_preset("qwen2_moe", "tiny")["norm_topk_prob"] is False
+    assert load_preset("olmoe", "tiny")["norm_topk_prob"] is False
+
+
+def test_variant_configs_load_exactly(tmp_path):
+    """Branches the tiny presets do not take: tied embeddings, dense layers, attention biases."""
+    variants = {
+        "qwen2_moe": dict(load_preset("qwen2_moe", "tiny"), mlp_only_layers=[1], tie_word_embeddings=True),
+        "qwen3_moe": dict(load_preset("qwen3_moe", "tiny"), decoder_sparse_step=2, attention_bias=True),
+    }
+    for arch, config in variants.items():
+        model_dir = tmp_path / arch
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(config))
+        write_weights(model_dir, config)
+        load_exactly(model_dir)
+    names = {name for name, _ in weight_specs(variants["qwen2_moe"])}
+    assert "lm_head.weight" not in names
+    assert "model.layers.1.mlp.gate_proj.weight" in names and "model.layers.0.mlp.gate.weight" in names
+    assert not any(name.startswith("model.layers.1.mlp.experts.") for name in names)
+    assert "model.layers.0.self_attn.o_proj.bias" in {name for name, _ in weight_specs(variants["qwen3_moe"])}
+
+
+def test_same_seed_same_weights(tmp_path, tiny_models):
+    same = make_model("mixtral", "tiny", tmp_path / "same", seed=0)
+    other = make_model("mixtral", "tiny", tmp_path / "other", seed=1)
+    reference = read_checkpoint(tiny_models["mixtral"])
+    assert all(torch.equal(t, reference[name]) for name, t in read_checkpoint(same).items())
+    assert not torch.equal(read_checkpoint(other)["model.embed_tokens.weight"], reference["model.embed_tokens.weight"])
+
+
+def test_dtype_override(tmp_path, tiny_models):
+    model_dir = make_model("qwen3_moe", "tiny", tmp_path / "bf16", dtype="bfloat16")
+    assert json.loads((model_dir / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    float32_weights = read_checkpoint(tiny_models["qwen3_moe"])
+    for name, tensor in read_checkpoint(model_dir).items():  # the same seed rounds to the same weights
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, float32_weights[name].to(torch.bfloat16)), name
+    assert load_exactly(model_dir).dtype == torch.bfloat16
+
+
+# --- tokenizer ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_models):
+    return AutoTokenizer.from_pretrained(str(tiny_models["qwen3_moe"]))
+
+
+def test_tokenizer_matches_config(tiny_models, tokenizer):
+    for arch in FAMILIES:
+        config = json.loads((tiny_models[arch] / "config.json").read_text())
+        generation = json.loads((tiny_models[arch] / "generation_config.json").read_text())
+        assert len(tokenizer) <= config["vocab_size"]
+        assert config["eos_token_id"] == config["pad_token_id"] == tokenizer.eos_token_id == tokenizer.pad_token_id
+        assert generation["eos_token_id"] == [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)]
+    assert tokenizer.eos_token == "<|endoftext|>"
+    assert len(tokenizer) > 900  # BPE learnt whole words, not just bytes
+    assert len(tokenizer("The model and the experts").input_ids) == 5
+
+
+def test_tokenizer_fits_small_vocabularies(tmp_path):
+    ids = build_tokenizer(tmp_path / "small", 300)
+    assert ids == {"bos": 0, "eos": 0, "pad": 0, "im_start": 1, "im_end": 2}
+    assert len(AutoTokenizer.from_pretrained(str(tmp_path / "small"))) == 300
+    with pytest.raises(SamoyedsError, match="too small for a byte-level tokenizer"):
+        build_tokenizer(tmp_path / "tiny", 200)
+
+
+def test_tokenizer_is_deterministic(tmp_path, tiny_models):
+    model_dir = make_model("olmoe", "tiny", tmp_path / "again", config_only=True)
+    assert (model_dir / "tokenizer.json").read_bytes() == (tiny_models["qwen3_moe"] / "tokenizer.json").read_bytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=127)))
+def test_tokenizer_round_trips_ascii(tokenizer, text):
+    ids = tokenizer(text).input_ids
+    assert tokenizer.decode(ids) == text
+
+
+def test_chat_template(tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there!"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there!<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    ids = tokenizer(text).input_ids
+    assert ids.count(tokenizer.convert_tokens_to_ids(IM_START)) == 3  # special tokens stay single tokens
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "system\nBe brief.\nuser\nHello there!\nassistant\n"
+
+
+# --- sharding and real presets ------------------------------------------------------------------------------------
+
+
+def test_sharded_checkpoint_index_covers_every_tensor(tmp_path):
+    max_shard_bytes = 1024 * 1024
+    model_dir = make_model("qwen2_moe", "tiny", tmp_path / "sharded", max_shard_bytes=max_shard_bytes)
+    config = json.loads((model_dir / "config.json").read_text())
+    specs = weight_specs(config)
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    assert len(files) > 2
+    assert files == [f"model-{i:05d}-of-{len(files):05d}.safetensors" for i in range(1, len(files) + 1)]
+    assert not (model_dir / "model.safetensors").exists()
+    assert set(index["weight_map"]) == {name for name, _ in specs}
+    assert index["metadata"]["total_size"] == sum(math.prod(shape) * 4 for _, shape in specs)
+
+    for file in files:
+        with safe_open(str(model_dir / file), framework="pt") as f:
+            names = set(f.keys())
+            shard_bytes = sum(math.prod(f.get_slice(name).get_shape()) * 4 for name in names)
+        assert names == {name for name, owner in index["weight_map"].items() if owner == file}
+        assert shard_bytes <= max_shard_bytes or len(names) == 1
+    load_exactly(model_dir)
+
+
+@pytest.mark.parametrize("preset", REAL_PRESETS)
+def test_real_preset_config_only(tmp_path, preset):
+    arch = available_presets()[preset]
+    model_dir = make_model(arch, preset, tmp_path / preset, config_only=True)
+    assert sorted(p.name for p in model_dir.iterdir()) == [
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    written = json.loads((model_dir / "config.json").read_text())
+    preset_config = load_preset(arch, preset)
+    token_keys = {"bos_token_id", "eos_token_id", "pad_token_id"}
+    assert {k: v for k, v in written.items() if k not in token_keys} == {
+        k: v for k, v in preset_config.items() if k not in token_keys
+    }
+    assert written["torch_dtype"] == "bfloat16" and "auto_map" not in written
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    assert config.model_type == arch and config.vocab_size == preset_config["vocab_size"]
+    assert len(AutoTokenizer.from_pretrained(str(model_dir))) <= config.vocab_size
+
+
+def test_real_preset_shapes_match_published_parameter_counts():
+    billions = {"mixtral-8x7b": 46.70, "qwen3-30b-a3b": 30.53, "qwen1.5-moe-a2.7b": 14.32, "olmoe-1b-7b": 6.92}
+    for preset, expected in billions.items():
+        specs = weight_specs(load_preset(available_presets()[preset], preset))
+        assert sum(math.prod(shape) for _, shape in specs) / 1e9 == pytest.approx(expected, abs=0.01), preset
+
+
+# --- errors -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "arch, preset, kwargs, message",
+    [
+        (
+            "gpt2",
+            "tiny",
+            {},
+            "unknown architecture 'gpt2'; supported: deepseek_v2, mixtral, olmoe, qwen2_moe, qwen3_moe",
+        ),
+        ("qwen3_moe", "qwen3-7b", {}, "no preset 'qwen3-7b' for qwen3_moe; presets for qwen3_moe: qwen3-30b-a3b, tiny"),
+        ("qwen3_moe", "mixtral-8x7b", {}, "preset 'mixtral-8x7b' is a mixtral model, not qwen3_moe"),
+        (
+            "deepseek_v2",
+            "tiny",
+            {"config_only": True},
+            "no preset 'tiny' for deepseek_v2; presets for deepseek_v2: deepseek-v2-lite",
+        ),
+        (
+            "deepseek_v2",
+            "deepseek-v2-lite",
+            {},
+            "random weights for deepseek_v2 are not supported (supported: mixtral, "
+            "qwen2_moe, qwen3_moe, olmoe); use --config-only",
+        ),
+        ("mixtral", "tiny", {"dtype": "int8"}, "unknown dtype 'int8'; choose one of float32, bfloat16, float16"),
+        ("mixtral", "tiny", {"max_shard_bytes": 0}, "max_shard_bytes must be positive"),
+    ],
+)
+def test_bad_input_is_refused_and_leaves_nothing(tmp_path, arch, preset, kwargs, message):
+    with pytest.raises(SamoyedsError, match=re.escape(message)):
+        make_model(arch, preset, tmp_path / "out", **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_out_dir_needs_force(tmp_path, tiny_models):
+    out_dir = tmp_path / "model"
+    make_model("olmoe", "tiny", out_dir, seed=0)
+    before = {p.name: p.read_bytes() for p in out_dir.iterdir()}
+    with pytest.raises(SamoyedsError, match="already exists; .*--force"):
+        make_model("olmoe", "tiny", out_dir, seed=1)
+    assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before
+
+    make_model("mixtral", "tiny", out_dir, seed=1, force=True)
+    assert json.loads((out_dir / "config.json").read_text())["model_type"] == "mixtral"
+    assert leftovers(tmp_path) == []
+
+
+def test_force_refuses_a_folder_that_is_not_a_model(tmp_path):
+    precious = tmp_path / "notes"
+    precious.mkdir()
+    (precious / "todo.txt").write_text("keep me")
+    with pytest.raises(SamoyedsError, match="does not look like a model"):
+        make_model("mixtral", "tiny", precious, force=True)
+    assert (precious / "todo.txt").read_text() == "keep me" and leftovers(tmp_path) == []
+
+
+def test_failure_while_writing_leaves_no_output(tmp_path, monkeypatch):
+    previous = make_model("mixtral", "tiny", tmp_path / "previous")
+    before = {p.name: p.read_bytes() for p in previous.iterdir()}
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_io, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        make_model("mixtral", "tiny", tmp_path / "new")
+    with pytest.raises(OSError, match="No space left"):
+        make_model("mixtral", "tiny", previous, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["previous"]
+    assert {p.name: p.read_bytes() for p in previous.iterdir()} == before
+
+
+def test_cli(tmp_path, capsys):
+    assert (
+        main(
+            [
+                "make-model",
+                "--arch",
+                "qwen3_moe",
+                "--preset",
+                "tiny",
+                "--out",
+                str(tmp_path / "m"),
+                "--dtype",
+                "bfloat16",
+                "--seed",
+                "3",
+            ]
+        )
+        == 0
+    )
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert (tmp_path / "m" / "model.safetensors").is_file()
+    capsys.readouterr()
+
+    assert main(["make-model", "--arch", "qwen3_moe", "--out", str(tmp_path / "m")]) == 2
+    assert capsys.readouterr().err == (
+        f"samoyeds-vllm make-model: error: output directory {tmp_path / 'm'} already "
+        "exists; choose another path or pass --force to replace it\n"
+    )
+
+
+def test_config_only_sparse_marks_a_packed_checkpoint(tmp_path):
+    from samoyeds_vllm.format import Pattern
+
+    model = make_model(
+        "qwen3_moe", "qwen3-30b-a3b", tmp_path / "m", config_only=True, sparse=Pattern.parse("samoyeds", 64)
+    )
+    quant = json.loads((model / "config.json").read_text())["quantization_config"]
+    assert (quant["quant_method"], quant["format_version"], quant["segment"]) == ("samoyeds", 1, 64)
+    assert not list(model.glob("*.safetensors"))
+    with pytest.raises(SamoyedsError, match="use it with --config-only"):
+        make_model("qwen3_moe", "tiny", tmp_path / "w", sparse=Pattern.parse("2:4"))
+    assert not (tmp_path / "w").exists()
