@@ -1,4 +1,4 @@
-"""The `samoyeds-vllm` command: make-model, convert, bench."""
+"""The `samoyeds-vllm` command: make-model, convert, eval, bench."""
 
 from __future__ import annotations
 
@@ -35,14 +35,19 @@ def _convert(args: argparse.Namespace) -> None:
 
     if args.segment is not None and args.pattern != "samoyeds":
         raise SamoyedsError("--segment applies to --pattern samoyeds only")
-    text = None
-    if args.calib_file:
-        if args.method != "wanda":
-            raise SamoyedsError("--calib-file applies to --method wanda only")
-        try:
-            text = Path(args.calib_file).read_text()
-        except OSError as e:
-            raise SamoyedsError(f"cannot read calibration file: {e}") from None
+    calibration = None
+    if args.calib_data is not None:
+        from .tools.calibration import Calibration
+
+        calibration = Calibration(
+            data=args.calib_data,
+            samples=args.calib_samples,
+            seq_len=args.calib_seq_len,
+            seed=args.seed,
+            split=args.calib_split,
+            text_field=args.text_field,
+            device=args.device,
+        )
     report = convert(
         Path(args.in_dir),
         Path(args.out_dir),
@@ -50,11 +55,31 @@ def _convert(args: argparse.Namespace) -> None:
         args.method,
         force=args.force,
         export_dense=Path(args.export_dense) if args.export_dense else None,
-        calibration_text=text,
-        calibration_tokens=args.calib_tokens,
+        calibration=calibration,
     )
     print(report.table())
     print(f"wrote {args.out_dir}" + (f" and {args.export_dense}" if args.export_dense else ""))
+
+
+def _eval(args: argparse.Namespace) -> None:
+    import shlex
+
+    from .tools.evaluate import evaluate, write_result
+
+    result = evaluate(
+        args.model,
+        args.data,
+        window=args.window,
+        stride=args.stride,
+        max_tokens=args.max_tokens,
+        split=args.split,
+        text_field=args.text_field,
+        engine_flags=shlex.split(args.engine_args),
+    )
+    print(result.table())
+    if args.json:
+        write_result(result, Path(args.json))
+        print(f"wrote {args.json}")
 
 
 def _bench_moe(args: argparse.Namespace) -> None:
@@ -132,14 +157,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--method",
         default="magnitude",
-        choices=["magnitude", "wanda"],
-        help="pruning score: |w|, or |w| times calibration activation norms (loads the model)",
+        choices=["magnitude", "wanda", "sparsegpt"],
+        help="magnitude: keep the largest |w| (no data); wanda: |w| times input norms; sparsegpt: second-order "
+        "pruning with weight updates (both calibrated layer by layer on --calib-data)",
     )
-    p.add_argument("--calib-file", help="text file of calibration data for wanda (default: built-in text)")
-    p.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens for wanda")
+    p.add_argument(
+        "--calib-data",
+        help="calibration text for wanda / sparsegpt: text/jsonl/parquet file, a directory of them, or a Hugging "
+        "Face dataset NAME[:CONFIG]",
+    )
+    p.add_argument("--calib-samples", type=int, default=128, help="calibration windows (default 128)")
+    p.add_argument("--calib-seq-len", type=int, default=2048, help="tokens per calibration window (default 2048)")
+    p.add_argument("--calib-split", default="train", help="split of a Hugging Face dataset (default train)")
+    p.add_argument("--text-field", default="text", help="the text field of jsonl/parquet records")
+    p.add_argument("--seed", type=int, default=0, help="seed of the calibration windows' choice")
+    p.add_argument("--device", help="where calibrated pruning runs (default: cuda if there is a GPU, else cpu)")
     p.add_argument("--export-dense", metavar="DIR", help="also write the pruned weights as a dense checkpoint")
     p.add_argument("--force", action="store_true", help="replace existing output directories")
     p.set_defaults(func=_convert)
+
+    p = sub.add_parser("eval", help="perplexity and bits per byte of a model as vLLM serves it, on text")
+    p.add_argument("model", help="model directory (dense or sparse checkpoint)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="text/jsonl/parquet file, a directory of them, or a Hugging Face dataset NAME[:CONFIG]",
+    )
+    p.add_argument("--split", default="test", help="split of a Hugging Face dataset")
+    p.add_argument("--text-field", default="text", help="the text field of jsonl/parquet records")
+    p.add_argument("--window", type=int, help="tokens per scored window (default 1024, or the model's context)")
+    p.add_argument("--stride", type=int, help="tokens a window advances (default window/2)")
+    p.add_argument("--max-tokens", type=int, help="score whole documents, in order, until this many tokens")
+    p.add_argument("--engine-args", default="", help='vLLM engine flags, quoted (e.g. "--dtype float32")')
+    p.add_argument("--json", help="write the result here")
+    p.set_defaults(func=_eval)
 
     bench = sub.add_parser("bench", help="benchmarks (GPU)").add_subparsers(dest="bench", required=True)
     p = bench.add_parser("moe", help="our sparse MoE layer vs vLLM's dense fused MoE, CUDA graphs, same inputs")

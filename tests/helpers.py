@@ -73,3 +73,15 @@ def reference_route(logits, top_k, renormalize, groups=None, topk_group=None):
         weights.append(w / w.sum() if renormalize else w)
         ids.append(order)
     return torch.stack(weights), torch.tensor(ids)
+
+
+def write_calibration_text(directory: Path) -> Path:
+    """A directory of real English: the docstrings of some standard-library modules, one file each."""
+    import importlib
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("textwrap", "json", "argparse", "functools", "collections", "pathlib", "inspect", "logging"):
+        module = importlib.import_module(name)
+        docs = [module.__doc__ or ""] + [getattr(module, a).__doc__ or "" for a in sorted(dir(module))]
+        (directory / f"{name}.txt").write_text("\n\n".join(d for d in docs if isinstance(d, str) and d))
+    return directory

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +21,8 @@ from tqdm import tqdm
 
 from ..errors import CheckpointError, SamoyedsError
 from ..format import QUANT_METHOD, Pattern, compress, prune, quantization_config
-from .architectures import DOWN, Architecture, architecture_of
+from .architectures import Architecture, architecture_of
+from .calibration import Calibration, LayerResult, prune_layers
 from .checkpoint_io import (
     DEFAULT_MAX_SHARD_BYTES,
     INDEX_NAME,
@@ -29,7 +32,7 @@ from .checkpoint_io import (
     read_config,
     staged_dirs,
 )
-from .pruning import METHODS, expert_input_norms, wanda_scores
+from .pruning import CALIBRATED, METHODS
 
 REPORT_NAME = "samoyeds_report.json"
 
@@ -42,6 +45,7 @@ class LayerStats:
     nonzeros: int = 0
     dense_sq: float = 0.0
     error_sq: float = 0.0
+    calibration: LayerResult | None = None
 
     def add(self, dense: torch.Tensor, pruned: torch.Tensor) -> None:
         d = dense.double()
@@ -58,29 +62,68 @@ class LayerStats:
     def relative_error(self) -> float:
         return math.sqrt(self.error_sq / self.dense_sq) if self.dense_sq else 0.0
 
+    def to_json(self) -> dict:
+        out = {"sparsity": self.sparsity, "relative_error": self.relative_error, "params": self.params}
+        if c := self.calibration:
+            tokens = sorted(c.tokens_per_expert)
+            out["calibration"] = {
+                "tokens_per_expert": {"min": tokens[0], "median": tokens[len(tokens) // 2], "max": tokens[-1]},
+                "fallback_experts": c.fallback,
+                "output_error": c.output_error,
+                "seconds": round(c.seconds, 3),
+            }
+        return out
+
 
 @dataclass
 class ConversionReport:
     pattern: Pattern
     method: str
+    calibration: Calibration | None = None
     layers: dict[int, LayerStats] = field(default_factory=dict)
     dense_bytes: int = 0
     sparse_bytes: int = 0
+    seconds: float = 0.0
+    peak_host_bytes: int = 0
+    peak_gpu_bytes: int = 0
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "pattern": self.pattern.to_config(),
             "method": self.method,
             "expert_weight_bytes": {"dense": self.dense_bytes, "sparse": self.sparse_bytes},
-            "layers": {
-                str(i): {"sparsity": s.sparsity, "relative_error": s.relative_error, "params": s.params}
-                for i, s in sorted(self.layers.items())
-            },
+            "layers": {str(i): s.to_json() for i, s in sorted(self.layers.items())},
+        }
+        if self.calibration:
+            out["calibration"] = self.calibration.to_json()
+            fallback: dict[str, int] = {}
+            for stats in self.layers.values():
+                for method, count in stats.calibration.fallback.items() if stats.calibration else ():
+                    fallback[method] = fallback.get(method, 0) + count
+            out["fallback_experts"] = fallback
+        return out | {
+            "seconds": round(self.seconds, 2),
+            "peak_host_bytes": self.peak_host_bytes,
+            "peak_gpu_bytes": self.peak_gpu_bytes,
         }
 
     def table(self) -> str:
-        lines = [f"{'layer':>5}  {'sparsity':>8}  {'rel. error':>10}"]
-        lines += [f"{i:>5}  {s.sparsity:>8.2%}  {s.relative_error:>10.4f}" for i, s in sorted(self.layers.items())]
+        with_output_error = any(s.calibration and s.calibration.output_error for s in self.layers.values())
+        lines = [
+            f"{'layer':>5}  {'sparsity':>8}  {'rel. error':>10}"
+            + ("  out. error w13 / w2" if with_output_error else "")
+        ]
+        for i, s in sorted(self.layers.items()):
+            line = f"{i:>5}  {s.sparsity:>8.2%}  {s.relative_error:>10.4f}"
+            if with_output_error and s.calibration and s.calibration.output_error:
+                e = s.calibration.output_error
+                line += f"  {e['w13']:>14.4f} / {e['w2']:.4f}"
+            lines.append(line)
+        if self.calibration and (fallback := self.to_json()["fallback_experts"]):
+            lines.append(
+                "experts with too few calibration tokens, pruned by "
+                + ", ".join(f"{m}: {n}" for m, n in fallback.items())
+            )
         if self.dense_bytes:
             lines.append(
                 f"expert weights: {self.dense_bytes / 2**20:.1f} MiB dense -> "
@@ -112,13 +155,13 @@ def convert(
     *,
     force: bool = False,
     export_dense: Path | None = None,
-    calibration_text: str | None = None,
-    calibration_tokens: int = 8192,
+    calibration: Calibration | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: bool = True,
 ) -> ConversionReport:
     """Write the sparse checkpoint of `in_dir` to `out_dir` (and the pruned weights as a dense checkpoint
-    to `export_dense`, if given). Raises SamoyedsError, leaving no output, on bad input."""
+    to `export_dense`, if given). `calibration` is required by the calibrated methods (wanda, sparsegpt), which
+    prune layer by layer (tools/calibration.py). Raises SamoyedsError, leaving no output, on bad input."""
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     if method not in METHODS:
         raise SamoyedsError(f"unknown pruning method {method!r}; choose one of {', '.join(METHODS)}")
@@ -137,37 +180,51 @@ def convert(
     for name in experts:  # every shape error now, not halfway through
         pattern.check_shape(reader.shape(name), name)
 
-    input_norms = None
-    if method == "wanda":
-        input_norms = expert_input_norms(in_dir, config, arch, reader, calibration_text, calibration_tokens)
+    windows = None
+    if method in CALIBRATED:
+        if calibration is None:
+            raise SamoyedsError(f"--method {method} needs calibration data (--calib-data)")
+        windows = calibration.windows(in_dir, config)
+    elif calibration is not None:
+        raise SamoyedsError(
+            f"--method {method} uses no calibration data; --calib-data applies to {', '.join(CALIBRATED)}"
+        )
 
-    report = ConversionReport(pattern, method)
+    start = time.perf_counter()
+    report = ConversionReport(pattern, method, calibration if windows else None)
     with staged_dirs(*outputs) as staged:
         writers = [ShardedWriter(d, max_shard_bytes) for d in staged]
-        for name in tqdm(reader.names(), desc="converting", unit="tensor", disable=not progress):
-            tensor = reader.get(name)
-            match = expert_re.match(name)
-            if not match:
-                for writer in writers:
-                    writer.add(name, tensor)
-                continue
-            layer, expert, proj = int(match["layer"]), int(match["expert"]), match["proj"]
-            scores = None
-            if input_norms is not None:
-                role = "w2" if arch.projections[proj] == DOWN else "w13"
-                scores = wanda_scores(tensor, input_norms[layer, role][expert])
-            pruned = prune(tensor, pattern, scores=scores, name=name)
+
+        def write_expert(name: str, dense: torch.Tensor, pruned: torch.Tensor) -> None:
             packed = compress(pruned, pattern, name=name)
             for packed_name, packed_tensor in packed.named(name.removesuffix(".weight")).items():
                 writers[0].add(packed_name, packed_tensor)
                 report.sparse_bytes += packed_tensor.numel() * packed_tensor.element_size()
-            report.dense_bytes += tensor.numel() * tensor.element_size()
-            report.layers.setdefault(layer, LayerStats()).add(tensor, pruned)
+            report.dense_bytes += dense.numel() * dense.element_size()
+            report.layers.setdefault(int(expert_re.match(name)["layer"]), LayerStats()).add(dense, pruned)
             if export_dense:
                 writers[1].add(name, pruned)
+
+        for name in tqdm(reader.names(), desc="converting", unit="tensor", disable=not progress):
+            tensor = reader.get(name)
+            if not expert_re.match(name):
+                for writer in writers:
+                    writer.add(name, tensor)
+            elif windows is None:
+                write_expert(name, tensor, prune(tensor, pattern, name=name))
+        if windows is not None:
+            for result in prune_layers(
+                in_dir, arch, reader, pattern, method, windows, device=calibration.device, progress=progress
+            ):
+                for name, pruned in result.pruned.items():
+                    write_expert(name, reader.get(name), pruned)
+                report.layers[result.layer].calibration = result
         for writer in writers:
             writer.close()
         _copy_side_files(in_dir, staged)
+        report.seconds = time.perf_counter() - start
+        report.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        report.peak_gpu_bytes = torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else 0
         quant = quantization_config(pattern, arch.sparse_module_globs(), method)
         sparse_config = dict(config, quantization_config=quant)
         (staged[0] / "config.json").write_text(json.dumps(sparse_config, indent=2) + "\n")

@@ -25,8 +25,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-# Plain English about everyday things and about the models this project serves: BPE learns common words from it,
-# and the converter calibrates on it.
+# Plain English about everyday things and about the models this project serves: BPE learns common words from it.
 CORPUS = """\
 The quick brown fox jumps over the lazy dog. A small cat sleeps in the warm sun by the window.
 Once upon a time there was a little village near a river, and the people who lived there were farmers.

