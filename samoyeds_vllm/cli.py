@@ -26,6 +26,7 @@ def _make_model(args: argparse.Namespace) -> None:
         config_only=args.config_only,
         force=args.force,
         sparse=sparse,
+        layers=args.layers,
     )
 
 
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (must not exist, unless --force)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, help="keep only the first N decoder layers of the preset")
     p.add_argument(
         "--config-only",
         action="store_true",

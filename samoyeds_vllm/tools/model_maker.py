@@ -177,9 +177,11 @@ def make_model(
     force: bool = False,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     sparse: Pattern | None = None,
+    layers: int | None = None,
 ) -> Path:
     """Write a model folder (config.json, generation_config.json, tokenizer, random safetensors weights) to out_dir.
 
+    `layers` keeps only the first N decoder layers of the preset (a real layer shape at a fraction of the size).
     `sparse` (config only) marks the config as a packed samoyeds checkpoint of that pattern, so that vLLM with
     load_format="dummy" allocates only the packed expert weights: models too large for the GPU when dense load.
 
@@ -188,6 +190,10 @@ def make_model(
     """
     out_dir = Path(os.path.abspath(out_dir))  # so "." has a name and a parent, without following symlinks
     hf_config = load_preset(arch, preset)
+    if layers is not None:
+        if not 1 <= layers <= hf_config["num_hidden_layers"]:
+            raise SamoyedsError(f"--layers must be between 1 and the preset's {hf_config['num_hidden_layers']} layers")
+        hf_config["num_hidden_layers"] = layers
     if not config_only and arch not in _LAYOUTS:
         raise SamoyedsError(
             f"random weights for {arch} are not supported (supported: {', '.join(_LAYOUTS)}); "
