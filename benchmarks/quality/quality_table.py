@@ -117,7 +117,7 @@ def main() -> None:
         out = args.out / "logs" / f"eval-{name}.json"
         _wait_for_free_gpu()
         cmd = [*CLI, "eval", str(model), "--data", args.test_data, "--json", str(out)]
-        cmd += shlex.split(args.eval_args) + (["--engine-args", args.engine_args] if args.engine_args else [])
+        cmd += shlex.split(args.eval_args) + ([f"--engine-args={args.engine_args}"] if args.engine_args else [])
         _run(cmd, args.out / "logs" / f"eval-{name}.log")
         results[name]["eval"] = json.loads(out.read_text())
         save()

@@ -187,7 +187,7 @@ def train(
         step += 1
         if step % 50 == 0:
             log["steps"].append(
-                {"step": step, "loss": float(result.loss), "seconds": round(time.perf_counter() - start, 1)}
+                {"step": step, "loss": float(result.loss.detach()), "seconds": round(time.perf_counter() - start, 1)}
             )
         if step % eval_every == 0:
             loss = validation_loss()
@@ -200,7 +200,8 @@ def train(
                 }
             )
             print(
-                f"step {step} / {total_steps}: train {float(result.loss):.3f}, validation {loss:.3f} ({math.exp(loss):.2f})",
+                f"step {step} / {total_steps}: train {float(result.loss):.3f}, "
+                f"validation {loss:.3f} ({math.exp(loss):.2f})",
                 flush=True,
             )
             if loss < best[0]:

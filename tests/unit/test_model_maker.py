@@ -375,3 +375,15 @@ def test_config_only_sparse_marks_a_packed_checkpoint(tmp_path):
     with pytest.raises(SamoyedsError, match="use it with --config-only"):
         make_model("qwen3_moe", "tiny", tmp_path / "w", sparse=Pattern.parse("2:4"))
     assert not (tmp_path / "w").exists()
+
+
+def test_layers_keeps_the_first_layers_of_a_real_shape(tmp_path):
+    """--layers gives a real layer shape at a fraction of the size (the SparseGPT cost measurement uses it)."""
+    out = make_model("qwen3_moe", "qwen3-30b-a3b", tmp_path / "m", config_only=True, layers=2)
+    config = json.loads((out / "config.json").read_text())
+    assert (
+        config["num_hidden_layers"] == 2
+        and config["hidden_size"] == load_preset("qwen3_moe", "qwen3-30b-a3b")["hidden_size"]
+    )
+    with pytest.raises(SamoyedsError, match="--layers must be between 1 and"):
+        make_model("qwen3_moe", "qwen3-30b-a3b", tmp_path / "n", config_only=True, layers=0)
