@@ -83,6 +83,30 @@ def _eval(args: argparse.Namespace) -> None:
         print(f"wrote {args.json}")
 
 
+def _recover(args: argparse.Namespace) -> None:
+    from .tools.recover import RecoverSettings, recover
+
+    settings = RecoverSettings(
+        data=args.data,
+        steps=args.steps,
+        seq_len=args.seq_len,
+        batch=args.batch,
+        lr=args.lr,
+        temperature=args.temperature,
+        ce_weight=args.ce_weight,
+        train_non_experts=args.train_non_experts,
+        seed=args.seed,
+        split=args.split,
+        text_field=args.text_field,
+        eval_data=args.eval_data,
+        eval_every=args.eval_every,
+        save_every=args.save_every,
+    )
+    log = recover(Path(args.dense), Path(args.sparse), Path(args.out), settings, force=args.force)
+    last = log["eval"][-1]["perplexity"] if log["eval"] else None
+    print(f"wrote {args.out} after {settings.steps} steps" + (f"; validation perplexity {last:.3f}" if last else ""))
+
+
 def _bench_moe(args: argparse.Namespace) -> None:
     import torch
 
@@ -193,6 +217,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-args", default="", help='vLLM engine flags, quoted (e.g. "--dtype float32")')
     p.add_argument("--json", help="write the result here")
     p.set_defaults(func=_eval)
+
+    p = sub.add_parser("recover", help="distil the dense model into a sparse checkpoint's kept weights (masks fixed)")
+    p.add_argument("dense", help="the dense model the sparse one was pruned from (the teacher)")
+    p.add_argument("sparse", help="the packed sparse checkpoint (the student)")
+    p.add_argument("out", help="where to write the recovered packed checkpoint")
+    p.add_argument("--data", required=True, help="training text: a file, a directory, or a Hugging Face dataset")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--batch", type=int, default=8, help="sequences per step (per GPU)")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature T")
+    p.add_argument("--ce-weight", type=float, default=0.0, help="weight of the next-token loss beside the KL")
+    p.add_argument("--train-non-experts", action="store_true", help="also train attention, norms and routers")
+    p.add_argument("--eval-data", help="validation text: perplexity every --eval-every steps, plotted")
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--save-every", type=int, default=50, help="steps between saved states (resume points)")
+    p.add_argument("--split", default="train", help="split of a Hugging Face dataset")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace an existing OUT")
+    p.set_defaults(func=_recover)
 
     bench = sub.add_parser("bench", help="benchmarks (GPU)").add_subparsers(dest="bench", required=True)
     p = bench.add_parser("moe", help="our sparse MoE layer vs vLLM's dense fused MoE, CUDA graphs, same inputs")

@@ -50,6 +50,10 @@ def _run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - start
 
 
+def _file_name(name: str) -> str:
+    return name.replace(":", "of").replace("(V=", "-v").replace(")", "")
+
+
 def _table(results: dict) -> str:
     dense = results["dense"]["eval"]["perplexity"]
     lines = [
@@ -100,6 +104,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--patterns", default="2:4,samoyeds")
     parser.add_argument("--methods", default="magnitude,wanda,sparsegpt")
+    parser.add_argument("--segment", type=int, help="samoyeds segment V (default 128)")
     parser.add_argument("--convert-args", default="", help="extra convert flags, quoted (e.g. calibration size)")
     parser.add_argument("--engine-args", default="", help="vLLM engine flags for every eval, quoted")
     parser.add_argument("--eval-args", default="", help="extra eval flags, quoted (e.g. --window)")
@@ -114,11 +119,11 @@ def main() -> None:
         path.write_text(json.dumps(results, indent=2) + "\n")
 
     def evaluate(name: str, model: Path) -> None:
-        out = args.out / "logs" / f"eval-{name}.json"
+        out = args.out / "logs" / f"eval-{_file_name(name)}.json"
         _wait_for_free_gpu()
         cmd = [*CLI, "eval", str(model), "--data", args.test_data, "--json", str(out)]
         cmd += shlex.split(args.eval_args) + ([f"--engine-args={args.engine_args}"] if args.engine_args else [])
-        _run(cmd, args.out / "logs" / f"eval-{name}.log")
+        _run(cmd, args.out / "logs" / f"eval-{_file_name(name)}.log")
         results[name]["eval"] = json.loads(out.read_text())
         save()
 
@@ -126,17 +131,20 @@ def main() -> None:
         results["dense"] = {}
         evaluate("dense", args.model)
     for pattern in args.patterns.split(","):
+        segment = ["--segment", str(args.segment)] if args.segment and pattern == "samoyeds" else []
+        label = f"samoyeds(V={args.segment})" if segment else pattern
         for method in args.methods.split(","):
-            name = f"{pattern}-{method}"
+            name = f"{label}-{method}"
             if "eval" in results.get(name, {}):
                 continue
-            target = args.out / "models" / name.replace(":", "of")
-            cmd = [*CLI, "convert", str(args.model), str(target), "--pattern", pattern, "--method", method, "--force"]
+            target = args.out / "models" / _file_name(name)
+            cmd = [*CLI, "convert", str(args.model), str(target), "--pattern", pattern, *segment]
+            cmd += ["--method", method, "--force"]
             if method != "magnitude":
                 cmd += ["--calib-data", args.calib_data, *shlex.split(args.convert_args)]
-            seconds = _run(cmd, args.out / "logs" / f"convert-{name.replace(':', 'of')}.log")
+            seconds = _run(cmd, args.out / "logs" / f"convert-{_file_name(name)}.log")
             report = json.loads((target / "samoyeds_report.json").read_text())
-            results[name] = {"pattern": pattern, "method": method, "convert_seconds": seconds, "report": report}
+            results[name] = {"pattern": label, "method": method, "convert_seconds": seconds, "report": report}
             save()
             evaluate(name, target)
             print(f"{name}: perplexity {results[name]['eval']['perplexity']:.3f}", flush=True)

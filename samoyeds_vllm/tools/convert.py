@@ -156,12 +156,15 @@ def convert(
     force: bool = False,
     export_dense: Path | None = None,
     calibration: Calibration | None = None,
+    recovery: dict | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: bool = True,
 ) -> ConversionReport:
     """Write the sparse checkpoint of `in_dir` to `out_dir` (and the pruned weights as a dense checkpoint
     to `export_dense`, if given). `calibration` is required by the calibrated methods (wanda, sparsegpt), which
-    prune layer by layer (tools/calibration.py). Raises SamoyedsError, leaving no output, on bad input."""
+    prune layer by layer (tools/calibration.py). `recovery` records, in quantization_config, that the input is a
+    recovered model (tools/recover.py) whose weights already satisfy the pattern. Raises SamoyedsError, leaving no
+    output, on bad input."""
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     if method not in METHODS:
         raise SamoyedsError(f"unknown pruning method {method!r}; choose one of {', '.join(METHODS)}")
@@ -226,6 +229,8 @@ def convert(
         report.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         report.peak_gpu_bytes = torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else 0
         quant = quantization_config(pattern, arch.sparse_module_globs(), method)
+        if recovery:  # a recovered model: its masks came from recovery["from"], then its kept weights trained
+            quant |= {"pruning_method": recovery["from"], "recovery": recovery}
         sparse_config = dict(config, quantization_config=quant)
         (staged[0] / "config.json").write_text(json.dumps(sparse_config, indent=2) + "\n")
         (staged[0] / REPORT_NAME).write_text(json.dumps(report.to_json(), indent=2) + "\n")

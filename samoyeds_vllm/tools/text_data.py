@@ -115,9 +115,12 @@ def separator_id(tokenizer) -> int:
     raise DataError("the tokenizer has neither a BOS nor an EOS token to separate documents")
 
 
-def calibration_windows(tokenizer, docs: list[str], samples: int, seq_len: int, seed: int) -> list[list[int]]:
+def calibration_windows(
+    tokenizer, docs: list[str], samples: int, seq_len: int, seed: int, every: bool = False
+) -> list[list[int]]:
     """`samples` windows of `seq_len` tokens, distinct and non-overlapping, drawn at random (seeded) from the
-    documents joined by the separator token. Raises DataError saying how many tokens were given and needed."""
+    documents joined by the separator token (all of them, in order, with `every`). Raises DataError saying how
+    many tokens were given and needed."""
     if samples < 1 or seq_len < 2:
         raise DataError(f"calibration needs at least 1 sample of at least 2 tokens, not {samples} x {seq_len}")
     sep = separator_id(tokenizer)
@@ -130,5 +133,7 @@ def calibration_windows(tokenizer, docs: list[str], samples: int, seq_len: int, 
             f"calibration data gives {len(stream)} tokens, but {samples} samples of {seq_len} tokens need {needed}; "
             "give more text or ask for fewer or shorter samples"
         )
+    if every:
+        return [stream[s : s + seq_len] for s in range(0, len(stream) - seq_len + 1, seq_len)]
     starts = random.Random(seed).sample(range(len(stream) // seq_len), samples)
     return [stream[s * seq_len : (s + 1) * seq_len] for s in sorted(starts)]

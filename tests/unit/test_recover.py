@@ -1,0 +1,109 @@
+"""`recover` on tiny models (CPU): distillation brings the student closer to the teacher, pruned weights stay
+zero, an interrupted run resumes to the same result, and a DENSE / SPARSE pair that does not belong together is
+refused."""
+
+import json
+
+import pytest
+import torch
+from helpers import read_checkpoint, write_calibration_text
+
+from samoyeds_vllm.errors import CheckpointError, SamoyedsError
+from samoyeds_vllm.format import Pattern, satisfies
+from samoyeds_vllm.tools import recover as recover_module
+from samoyeds_vllm.tools.convert import convert
+from samoyeds_vllm.tools.recover import RecoverSettings, recover, unpack_to_dense
+
+PATTERN = Pattern.parse("samoyeds")
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("recover")
+    text = write_calibration_text(root / "text")
+    dense = tiny_models["qwen3_moe"]
+    convert(dense, root / "sparse", PATTERN, progress=False)
+    return dense, root / "sparse", text
+
+
+def _settings(text, **kw):
+    return RecoverSettings(data=str(text), **({"steps": 6, "seq_len": 32, "batch": 4, "lr": 3e-3} | kw))
+
+
+def _kl_to_teacher(dense, packed, tmp_path, text) -> float:
+    """Mean KL(teacher || student) on fixed windows, the student read back from a packed checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from samoyeds_vllm.tools.text_data import calibration_windows, load_documents
+
+    unpacked = tmp_path / f"unpacked-{packed.name}"
+    unpack_to_dense(packed, unpacked)
+    tokenizer = AutoTokenizer.from_pretrained(dense)
+    ids = torch.tensor(calibration_windows(tokenizer, load_documents(text), 8, 32, seed=99))
+    with torch.no_grad():
+        t = AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32)(input_ids=ids).logits.log_softmax(-1)
+        s = AutoModelForCausalLM.from_pretrained(unpacked, dtype=torch.float32)(input_ids=ids).logits.log_softmax(-1)
+    return float((t.exp() * (t - s)).sum(-1).mean())
+
+
+def test_recover_moves_the_student_towards_the_teacher_and_keeps_the_masks(pair, tmp_path):
+    dense, sparse, text = pair
+    log = recover(dense, sparse, tmp_path / "out", _settings(text, eval_data=str(text), eval_every=3))
+    out = tmp_path / "out"
+    assert _kl_to_teacher(dense, out, tmp_path, text) < _kl_to_teacher(dense, sparse, tmp_path, text)
+    before, after = read_checkpoint(tmp_path / f"unpacked-{sparse.name}"), read_checkpoint(tmp_path / "unpacked-out")
+    experts = [n for n in before if ".experts." in n]
+    assert experts
+    for name in experts:
+        assert satisfies(after[name], PATTERN)
+        assert not ((after[name] != 0) & (before[name] == 0)).any(), f"{name}: a pruned weight came back"
+    changed = sum(not torch.equal(before[n], after[n]) for n in experts)
+    assert changed == len(experts)  # every expert trained
+    others = [n for n in before if ".experts." not in n]
+    assert all(torch.equal(before[n], after[n]) for n in others)  # the rest stays frozen by default
+    quant = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert quant["recovery"]["steps"] == 6 and quant["pruning_method"] == "magnitude"
+    assert [s["step"] for s in log["steps"]] == [1, 2, 3, 4, 5, 6] and len(log["eval"]) == 3
+    assert (out / "recover_loss.png").stat().st_size and (out / "recover_perplexity.png").stat().st_size
+    assert not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_interrupted_recovery_resumes_to_the_same_result(pair, tmp_path, monkeypatch):
+    dense, sparse, text = pair
+    settings = _settings(text, save_every=2)
+    recover(dense, sparse, tmp_path / "straight", settings)
+
+    real_loss, calls = recover_module._distillation_loss, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # in step 4: steps 1-2 were saved, step 3 is lost
+            raise KeyboardInterrupt
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(recover_module, "_distillation_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        recover(dense, sparse, tmp_path / "resumed", settings)
+    assert not (tmp_path / "resumed").exists() and (tmp_path / ".resumed.partial-recover").is_dir()
+    monkeypatch.setattr(recover_module, "_distillation_loss", real_loss)
+    log = recover(dense, sparse, tmp_path / "resumed", settings)
+    assert [s["step"] for s in log["steps"]] == [1, 2, 3, 4, 5, 6]
+    a, b = read_checkpoint(tmp_path / "straight"), read_checkpoint(tmp_path / "resumed")
+    for name in a:  # same masks; values equal up to float32 rounding (reloaded state, re-run kernels)
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+    # A leftover run of other settings is not resumed by mistake.
+    (tmp_path / ".again.partial-recover").mkdir()
+    (tmp_path / ".again.partial-recover" / "settings.json").write_text("{}")
+    with pytest.raises(SamoyedsError, match="other settings"):
+        recover(dense, sparse, tmp_path / "again", settings)
+
+
+def test_mismatched_pairs_are_refused(pair, tiny_models, tmp_path):
+    dense, sparse, text = pair
+    with pytest.raises(CheckpointError, match="not a packed samoyeds checkpoint"):
+        recover(dense, dense, tmp_path / "o", _settings(text))
+    with pytest.raises(CheckpointError, match="configs differ"):
+        recover(tiny_models["mixtral"], sparse, tmp_path / "o", _settings(text))
+    with pytest.raises(CheckpointError, match="the teacher must be the dense model"):
+        recover(sparse, sparse, tmp_path / "o", _settings(text))
+    assert not (tmp_path / "o").exists()
