@@ -57,6 +57,7 @@ def _convert(args: argparse.Namespace) -> None:
         force=args.force,
         export_dense=Path(args.export_dense) if args.export_dense else None,
         calibration=calibration,
+        allow_nonfinite=args.allow_nonfinite,
     )
     print(report.table())
     print(f"wrote {args.out_dir}" + (f" and {args.export_dense}" if args.export_dense else ""))
@@ -199,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration windows' choice")
     p.add_argument("--device", help="where calibrated pruning runs (default: cuda if there is a GPU, else cpu)")
     p.add_argument("--export-dense", metavar="DIR", help="also write the pruned weights as a dense checkpoint")
+    p.add_argument("--allow-nonfinite", action="store_true", help="convert weights holding NaN or Inf (else refused)")
     p.add_argument("--force", action="store_true", help="replace existing output directories")
     p.set_defaults(func=_convert)
 

@@ -94,7 +94,8 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
             else:  # dense now, packed in process_weights_after_loading
                 param = torch.nn.Parameter(torch.empty(shape, dtype=params_dtype), requires_grad=False)
                 layer.register_parameter(f"{name}_weight", param)
-                set_weight_attrs(param, extra_weight_attrs)
+                loader = _checked_loader(layer, None, extra_weight_attrs["weight_loader"])
+                set_weight_attrs(param, {**extra_weight_attrs, "weight_loader": loader})
 
     def _register_packed(
         self,
@@ -118,7 +119,14 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
             set_weight_attrs(param, {**extra_weight_attrs, "weight_loader": loader})
 
     def process_weights_after_loading(self, layer: RoutedExperts) -> None:
+        _check_all_loaded(layer, list(SUFFIXES) if self.packed else ["weight"], self.pattern)
         for name in ("w13", "w2"):
+            weight = getattr(layer, f"{name}_{SUFFIXES['values']}" if self.packed else f"{name}_weight")
+            if not bool(torch.isfinite(weight).all()):
+                raise ValueError(
+                    f"{layer.layer_name}.{name}: the checkpoint's expert weights hold "
+                    f"{int((~torch.isfinite(weight)).sum())} non-finite values (NaN or Inf); the checkpoint is damaged"
+                )
             if not self.packed:
                 dense = getattr(layer, f"{name}_weight")
                 label = f"{layer.layer_name}.{name}_weight"
@@ -167,23 +175,56 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
         return ops.moe_experts(x, topk_weights, topk_ids, w13, w2, self.pattern)
 
 
-def _checked_loader(layer: RoutedExperts, pattern: Pattern, load):
-    """Wraps vLLM's expert weight loader with a shape and dtype check that names the tensor and the expert."""
+def _checked_loader(layer: RoutedExperts, pattern: Pattern | None, load):
+    """Wraps vLLM's expert weight loader: checks packed tensors' shape and dtype (naming the tensor and the expert)
+    and records which (part, shard, local expert) arrived, so that a missing one is an error at the end. `pattern`
+    None: a dense checkpoint (sparsify-on-load), recorded only."""
     hidden, inter = layer.moe_config.hidden_dim, layer.moe_config.intermediate_size
     dense = {"w1": (inter, hidden), "w3": (inter, hidden), "w2": (hidden, inter)}
+    if not hasattr(layer, "_samoyeds_loaded"):
+        layer._samoyeds_loaded = set()
 
     def loader(param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
-        part = next(p for p, suffix in SUFFIXES.items() if weight_name.endswith(suffix))
-        expected = pattern.packed_shapes(dense[shard_id], weight_name)[part]
-        if tuple(loaded_weight.shape) != expected:
-            raise ValueError(
-                f"{weight_name} (expert {expert_id}, {shard_id}): checkpoint tensor has shape "
-                f"{tuple(loaded_weight.shape)}, expected {expected} for pattern {pattern}"
-            )
-        if part != "values" and loaded_weight.dtype != param.dtype:
-            raise ValueError(
-                f"{weight_name} (expert {expert_id}, {shard_id}): dtype {loaded_weight.dtype}, expected {param.dtype}"
-            )
-        return load(param, loaded_weight, weight_name, shard_id, expert_id, return_success=return_success)
+        part = next((p for p, suffix in SUFFIXES.items() if weight_name.endswith(suffix)), "weight")
+        if pattern is not None:
+            expected = pattern.packed_shapes(dense[shard_id], weight_name)[part]
+            if tuple(loaded_weight.shape) != expected:
+                raise ValueError(
+                    f"{weight_name} (expert {expert_id}, {shard_id}): checkpoint tensor has shape "
+                    f"{tuple(loaded_weight.shape)}, expected {expected} for pattern {pattern}"
+                )
+            if part != "values" and loaded_weight.dtype != param.dtype:
+                raise ValueError(
+                    f"{weight_name} (expert {expert_id}, {shard_id}): dtype {loaded_weight.dtype}, "
+                    f"expected {param.dtype}"
+                )
+        success = load(param, loaded_weight, weight_name, shard_id, expert_id, return_success=True)
+        if success:
+            layer._samoyeds_loaded.add((part, shard_id, expert_id))
+        return success if return_success else None
 
     return loader
+
+
+def _check_all_loaded(layer: RoutedExperts, parts: list[str], pattern: Pattern) -> None:
+    """Every local expert's every projection (and packed part) came from the checkpoint: vLLM checks parameters,
+    not the experts inside them, so a checkpoint missing one expert tensor would otherwise run on garbage. Nothing
+    recorded means nothing was read through the loaders (load_format=dummy): nothing to check."""
+    loaded = getattr(layer, "_samoyeds_loaded", set())
+    if not loaded:
+        return
+    parts = [p for p in parts if p != "rowsel" or pattern.is_samoyeds]
+    missing = [
+        (part, shard, expert)
+        for expert in range(layer.global_num_experts)
+        if layer._map_global_expert_id_to_local_expert_id(expert) != -1
+        for shard in ("w1", "w3", "w2")
+        for part in parts
+        if (part, shard, expert) not in loaded
+    ]
+    if missing:
+        names = {"weight": "weight", **SUFFIXES}
+        shown = ", ".join(f"expert {e} {s} ({names[p]})" for p, s, e in missing[:4])
+        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        raise ValueError(f"{layer.layer_name}: the checkpoint has no tensor for {shown}{more}")
+    del layer._samoyeds_loaded

@@ -8,9 +8,11 @@ renamed into place at the end, so a failed or interrupted run leaves no half-wri
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,24 +167,71 @@ def check_output_dir(out_dir: Path, force: bool, what: str = "output directory")
 
 
 @contextlib.contextmanager
-def staged_dirs(*targets: Path) -> Iterator[list[Path]]:
-    """Temporary sibling directories that replace `targets` only if the block finishes; removed otherwise."""
-    staged: list[Path] = []
+def _output_lock(target: Path) -> Iterator[None]:
+    """Hold `.NAME.lock` beside `target` for the whole write, so two runs never write one output at once. The lock
+    file is removed when done; a run that locked a file already removed (its inode no longer at the path) retries
+    on the new one, so a removed lock never lets two runs in."""
+    lock = target.parent / f".{target.name}.lock"
+    while True:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, _FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SamoyedsError(
+                f"another process is writing {target} (it holds {lock}); wait for it or choose another output"
+            ) from None
+        try:
+            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
     try:
+        yield
+    finally:
+        os.unlink(lock)
+        os.close(fd)
+
+
+def _remove_stale_partials(target: Path) -> None:
+    """Partial outputs of earlier runs that were killed: no live run owns them while we hold the lock."""
+    for stale in target.parent.glob(f".{target.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+        print(f"removed {stale}, left by an earlier run that did not finish", file=sys.stderr)
+    for stale in target.parent.glob(f".{target.name}.replaced-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_dirs(*targets: Path, replace: bool = False) -> Iterator[list[Path]]:
+    """Temporary sibling directories that become `targets` only if the block finishes; removed otherwise. Each
+    target is locked for the duration (a second run into it is refused), stale partial outputs of killed runs are
+    removed first, and a target that appears meanwhile is replaced only with `replace`."""
+    targets = tuple(Path(os.path.abspath(t)) for t in targets)
+    for target in targets:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as locks:
         for target in targets:
-            parent = target.resolve().parent
-            parent.mkdir(parents=True, exist_ok=True)
-            staged.append(Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=parent)))
-        yield staged
-    except BaseException:
-        for tmp in staged:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    for tmp, target in zip(staged, targets, strict=True):
-        if target.exists():
-            old = tmp.with_name(tmp.name.replace(".partial-", ".replaced-"))
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
+            locks.enter_context(_output_lock(target))
+            _remove_stale_partials(target)
+        staged: list[Path] = []
+        try:
+            for target in targets:
+                staged.append(Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent)))
+            yield staged
+            for target in targets:
+                if target.exists() and not replace:
+                    raise SamoyedsError(f"{target} appeared while this run was writing it; not replacing it")
+        except BaseException:
+            for tmp in staged:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        for tmp, target in zip(staged, targets, strict=True):
+            if target.exists():
+                old = tmp.with_name(tmp.name.replace(".partial-", ".replaced-"))
+                os.replace(target, old)
+                os.replace(tmp, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, target)

@@ -157,6 +157,7 @@ def convert(
     export_dense: Path | None = None,
     calibration: Calibration | None = None,
     recovery: dict | None = None,
+    allow_nonfinite: bool = False,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: bool = True,
 ) -> ConversionReport:
@@ -173,6 +174,8 @@ def convert(
     for path in outputs:
         if path.resolve() == in_dir.resolve():
             raise SamoyedsError(f"{path} is the input directory; write the output elsewhere")
+        if path.resolve().is_relative_to(in_dir.resolve()):
+            raise SamoyedsError(f"{path} is inside the input directory {in_dir}; write the output elsewhere")
         check_output_dir(path, force)
     if len({p.resolve() for p in outputs}) != len(outputs):
         raise SamoyedsError("--export-dense must differ from the output directory")
@@ -195,7 +198,7 @@ def convert(
 
     start = time.perf_counter()
     report = ConversionReport(pattern, method, calibration if windows else None)
-    with staged_dirs(*outputs) as staged:
+    with staged_dirs(*outputs, replace=force) as staged:
         writers = [ShardedWriter(d, max_shard_bytes) for d in staged]
 
         def write_expert(name: str, dense: torch.Tensor, pruned: torch.Tensor) -> None:
@@ -210,6 +213,12 @@ def convert(
 
         for name in tqdm(reader.names(), desc="converting", unit="tensor", disable=not progress):
             tensor = reader.get(name)
+            if not allow_nonfinite and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                bad = int((~torch.isfinite(tensor)).sum())
+                raise CheckpointError(
+                    f"{in_dir}: tensor {name} holds {bad} non-finite values (NaN or Inf); the checkpoint is "
+                    "damaged (pass --allow-nonfinite to convert it anyway)"
+                )
             if not expert_re.match(name):
                 for writer in writers:
                     writer.add(name, tensor)

@@ -212,7 +212,7 @@ def make_model(
             raise SamoyedsError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
         hf_config["torch_dtype"] = dtype
     check_output_dir(out_dir, force)
-    with staged_dirs(out_dir) as (work_dir,):
+    with staged_dirs(out_dir, replace=force) as (work_dir,):
         token_ids = build_tokenizer(work_dir, hf_config["vocab_size"])
         hf_config.update(bos_token_id=token_ids["bos"], eos_token_id=token_ids["eos"], pad_token_id=token_ids["pad"])
         _write_json(work_dir / "config.json", hf_config)

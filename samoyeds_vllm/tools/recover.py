@@ -33,7 +33,7 @@ from .checkpoint_io import CheckpointReader, ShardedWriter, check_output_dir, re
 from .convert import convert
 from .text_data import calibration_windows, load_documents
 
-STATE_DIR = "recover-state"  # inside OUT.partial-recover: accelerate's state and our progress
+STATE_DIR = "accelerate"  # inside .OUT.recover-state: accelerate's state and our progress
 CONFIG_KEYS_IGNORED = ("quantization_config", "torch_dtype", "dtype", "transformers_version", "architectures")
 
 
@@ -169,7 +169,7 @@ def recover(dense_dir: Path, sparse_dir: Path, out_dir: Path, settings: RecoverS
         eval_windows = calibration_windows(tokenizer, eval_docs, 16, settings.seq_len + 1, 0)
 
     # Progress lives beside OUT, named after it, so a rerun with the same OUT resumes.
-    work = out_dir.parent / f".{out_dir.name}.partial-recover"
+    work = out_dir.parent / f".{out_dir.name}.recover-state"
     state_dir = work / STATE_DIR
     student_dir = work / "student-init"
     if not (work / "settings.json").exists():

@@ -146,6 +146,30 @@ def test_load_errors_name_the_tensor(converted, tmp_path):
     assert "samoyeds checkpoint format_version 99 is not supported" in log
 
 
+def test_missing_or_nonfinite_expert_tensors_are_refused(converted, tiny_models, tmp_path):
+    """vLLM checks parameters, not the experts inside them: a missing expert tensor or NaN weights must not load."""
+    sparse, _ = converted("qwen3_moe")
+
+    def drop_expert(tensors, config):
+        del tensors["model.layers.1.mlp.experts.5.gate_proj.weight_packed"]
+
+    _, log = run_engine(rewrite_checkpoint(sparse, tmp_path / "missing", drop_expert), expect_ok=False)
+    assert "model.layers.1.mlp.experts: the checkpoint has no tensor for expert 5 w1 (weight_packed)" in log
+
+    def poison(tensors, config):
+        tensors["model.layers.0.mlp.experts.2.down_proj.weight_packed"][0, 0] = float("nan")
+
+    _, log = run_engine(rewrite_checkpoint(sparse, tmp_path / "nan", poison), expect_ok=False)
+    assert "model.layers.0.mlp.experts.w2: the checkpoint's expert weights hold 1 non-finite values" in log
+
+    def drop_dense_expert(tensors, config):
+        del tensors["model.layers.0.mlp.experts.3.down_proj.weight"]
+
+    dense = rewrite_checkpoint(tiny_models["qwen3_moe"], tmp_path / "dense-missing", drop_dense_expert)
+    _, log = run_engine(dense, "--quantization", "samoyeds", expect_ok=False)
+    assert "model.layers.0.mlp.experts: the checkpoint has no tensor for expert 3 w2 (weight)" in log
+
+
 def test_config_only_sparse_model_loads_dummy_packed_weights(tmp_path):
     """A config-only model marked sparse loads straight into packed parameters with load_format=dummy (how
     benchmarks run models whose dense weights would not fit), and generates."""

@@ -281,3 +281,62 @@ def test_cli_reports_errors_without_traceback(tiny_models, tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert "sparsity" in ok.stdout and "75.00%" in ok.stdout
     assert "converting" in ok.stderr  # the progress bar
+
+
+def test_a_second_run_into_the_same_output_is_refused(tiny_models, tmp_path):
+    """Two conversions into one OUT at once: the second is refused while the first holds the output's lock."""
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    fd = os.open(tmp_path / ".out.lock", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a running conversion into `out` holds it
+    try:
+        with pytest.raises(SamoyedsError, match="another process is writing"):
+            convert(tiny_models["qwen3_moe"], out, TWO_FOUR, progress=False)
+    finally:
+        os.close(fd)
+    assert not out.exists() and leftovers(tmp_path) == []
+    convert(tiny_models["qwen3_moe"], out, TWO_FOUR, progress=False)  # free again
+    assert (out / "config.json").is_file()
+
+
+def test_an_output_that_appears_meanwhile_is_not_replaced(tmp_path):
+    from samoyeds_vllm.tools.checkpoint_io import staged_dirs
+
+    target = tmp_path / "out"
+    with pytest.raises(SamoyedsError, match="appeared while this run was writing"):
+        with staged_dirs(target) as (work,):
+            (work / "x").write_text("new")
+            target.mkdir()
+            (target / "keep").write_text("someone else's")
+    assert (target / "keep").read_text() == "someone else's" and leftovers(tmp_path) == []
+
+
+def test_stale_partial_outputs_are_removed(tiny_models, tmp_path, capsys):
+    stale = tmp_path / ".out.partial-abc123"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half written")
+    convert(tiny_models["qwen3_moe"], tmp_path / "out", TWO_FOUR, progress=False)
+    assert not stale.exists() and leftovers(tmp_path) == []
+    assert "left by an earlier run" in capsys.readouterr().err
+
+
+def test_output_inside_the_input_is_refused(tiny_models, tmp_path):
+    model = copy_model(tiny_models["qwen3_moe"], tmp_path / "dense")
+    with pytest.raises(SamoyedsError, match="inside the input directory"):
+        convert(model, model / "sub", TWO_FOUR, progress=False)
+    assert not (model / "sub").exists()
+
+
+def test_nonfinite_weights_are_refused_unless_allowed(tiny_models, tmp_path):
+    model = copy_model(tiny_models["olmoe"], tmp_path / "dense")
+    path = next(model.glob("*.safetensors"))
+    tensors = load_file(path)
+    name = next(n for n in tensors if n.endswith("experts.1.up_proj.weight"))
+    tensors[name][0, 3] = float("nan")
+    save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=f"{name} holds 1 non-finite"):
+        convert(model, tmp_path / "out", TWO_FOUR, progress=False)
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+    convert(model, tmp_path / "out", TWO_FOUR, allow_nonfinite=True, progress=False)

@@ -65,7 +65,7 @@ def test_recover_moves_the_student_towards_the_teacher_and_keeps_the_masks(pair,
     assert quant["recovery"]["steps"] == 6 and quant["pruning_method"] == "magnitude"
     assert [s["step"] for s in log["steps"]] == [1, 2, 3, 4, 5, 6] and len(log["eval"]) == 3
     assert (out / "recover_loss.png").stat().st_size and (out / "recover_perplexity.png").stat().st_size
-    assert not list(tmp_path.glob(".out.partial-*"))
+    assert not list(tmp_path.glob(".out.partial-*")) and not (tmp_path / ".out.recover-state").exists()
 
 
 def test_interrupted_recovery_resumes_to_the_same_result(pair, tmp_path, monkeypatch):
@@ -84,7 +84,7 @@ def test_interrupted_recovery_resumes_to_the_same_result(pair, tmp_path, monkeyp
     monkeypatch.setattr(recover_module, "_distillation_loss", interrupted)
     with pytest.raises(KeyboardInterrupt):
         recover(dense, sparse, tmp_path / "resumed", settings)
-    assert not (tmp_path / "resumed").exists() and (tmp_path / ".resumed.partial-recover").is_dir()
+    assert not (tmp_path / "resumed").exists() and (tmp_path / ".resumed.recover-state").is_dir()
     monkeypatch.setattr(recover_module, "_distillation_loss", real_loss)
     log = recover(dense, sparse, tmp_path / "resumed", settings)
     assert [s["step"] for s in log["steps"]] == [1, 2, 3, 4, 5, 6]
@@ -92,8 +92,8 @@ def test_interrupted_recovery_resumes_to_the_same_result(pair, tmp_path, monkeyp
     for name in a:  # same masks; values equal up to float32 rounding (reloaded state, re-run kernels)
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
     # A leftover run of other settings is not resumed by mistake.
-    (tmp_path / ".again.partial-recover").mkdir()
-    (tmp_path / ".again.partial-recover" / "settings.json").write_text("{}")
+    (tmp_path / ".again.recover-state").mkdir()
+    (tmp_path / ".again.recover-state" / "settings.json").write_text("{}")
     with pytest.raises(SamoyedsError, match="other settings"):
         recover(dense, sparse, tmp_path / "again", settings)
 
