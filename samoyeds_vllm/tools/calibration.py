@@ -21,6 +21,7 @@ fallbacks are counted in the conversion report. Tokens are not weighted by their
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, SamoyedsError
 from ..format import Pattern, prune
 from .architectures import DOWN, GATE, UP, Architecture
 from .checkpoint_io import CheckpointReader
@@ -205,6 +206,36 @@ def _prune_stack(
     return out, err, ref
 
 
+def available_bytes(device: torch.device) -> int:
+    """Memory free for us on `device`: the GPU's free memory, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("cannot read MemAvailable from /proc/meminfo")
+
+
+def peak_bytes(arch: Architecture, reader: CheckpointReader, windows: list[list[int]], dtype: torch.dtype) -> int:
+    """An estimate of layer-by-layer pruning's peak memory: the calibration activations (twice, in and out of a
+    batch), the largest layer's weights, its experts' Hessians (float32) and the float32 working set of a chunk of
+    experts in the OBS sweep (weights, the float64 inverse-Hessian factorisation)."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    experts = arch.experts_per_layer(reader.names())
+    layer, num = max(experts.items(), key=lambda kv: kv[1])
+    gate = reader.shape(arch.expert_weight_name(layer, 0, next(p for p, r in arch.projections.items() if r == GATE)))
+    inter, hidden = gate
+    layer_bytes = (
+        sum(math.prod(reader.shape(n)) for n in reader.names() if n.startswith(f"model.layers.{layer}.")) * size
+    )
+    activations = 2 * len(windows) * len(windows[0]) * hidden * size
+    hessians = num * hidden * hidden * 4
+    chunk = min(num, EXPERTS_PER_CHUNK)
+    sweep = chunk * (3 * 2 * inter * hidden * 4 + 3 * hidden * hidden * 8) + num * 2 * inter * hidden * 4
+    return activations + layer_bytes + hessians + sweep
+
+
 def prune_layers(
     model_dir: Path,
     arch: Architecture,
@@ -220,6 +251,14 @@ def prune_layers(
     layer by layer (module docstring). Yields each layer's result as soon as it is done. "magnitude" runs here too,
     to measure its output error on the same data."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype_guess = torch.float32 if device.type == "cpu" else torch.bfloat16
+    needed, free = peak_bytes(arch, reader, windows, dtype_guess), available_bytes(device)
+    if needed > 0.9 * free:
+        raise SamoyedsError(
+            f"{method} pruning layer by layer needs about {needed / 2**30:.1f} GiB on {device.type}, and "
+            f"{free / 2**30:.1f} GiB are free: lower --calib-samples or --calib-seq-len (activations: "
+            f"{len(windows)} x {len(windows[0])} tokens), or use another --device"
+        )
     experts_per_layer = arch.experts_per_layer(reader.names())
     first = next(iter(experts_per_layer))
     weight_dtype = reader.get(arch.expert_weight_name(first, 0, next(iter(arch.projections)))).dtype

@@ -176,3 +176,16 @@ def test_bad_calibration_input_writes_nothing(tiny_models, calib_dir, tmp_path):
     with pytest.raises(SamoyedsError, match="uses no calibration data"):
         convert(model, tmp_path / "out", pattern, "magnitude", calibration=Calibration(str(calib_dir)))
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_too_little_memory_is_refused_with_the_numbers(tiny_models, calib_dir, tmp_path, monkeypatch):
+    from samoyeds_vllm.tools import calibration
+
+    model = tiny_models["qwen3_moe"]
+    windows = _windows(model, calib_dir)
+    arch = architecture_of(read_config(model))
+    needed = calibration.peak_bytes(arch, CheckpointReader(model), windows, torch.float32)
+    assert needed > 2 * 8 * 128 * 128 * 4  # at least the activations of 8 x 128 tokens, hidden 128, in and out
+    monkeypatch.setattr(calibration, "available_bytes", lambda device: needed // 2)
+    with pytest.raises(SamoyedsError, match=r"needs about [\d.]+ GiB on cpu, and [\d.]+ GiB are free"):
+        list(prune_layers(model, arch, CheckpointReader(model), PATTERNS[0], "sparsegpt", windows, device="cpu"))
