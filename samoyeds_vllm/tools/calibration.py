@@ -195,7 +195,8 @@ def _prune_stack(
             if method == "sparsegpt":
                 few = seen < MIN_EXPERT_TOKENS
                 pruned = torch.where(few[:, None, None], pruned, sparsegpt(wc, hc, pattern))
-                fallback["wanda"] = fallback.get("wanda", 0) + int((few & (seen > 0)).sum())
+                if count := int((few & (seen > 0)).sum()):
+                    fallback["wanda"] = fallback.get("wanda", 0) + count
             unseen = seen == 0
             if unseen.any():  # no data at all: the input norms are all zero, so keep by magnitude
                 pruned[unseen] = prune(wc[unseen], pattern)
