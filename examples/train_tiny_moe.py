@@ -35,12 +35,12 @@ def write_text(out: Path) -> None:
 def train(model_in: Path, model_out: Path, data: Path, seconds: float, seed: int) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from samoyeds_vllm.tools.text_data import calibration_windows, load_documents
+    from samoyeds_vllm.tools.text_data import load_documents, token_windows
 
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_in)
     model = AutoModelForCausalLM.from_pretrained(model_in, dtype=torch.float32)
-    windows = torch.tensor(calibration_windows(tokenizer, load_documents(data), 1, 129, seed, every=True))
+    windows = torch.tensor(token_windows(tokenizer, load_documents(data), 129))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
     start, step = time.perf_counter(), 0

@@ -36,6 +36,10 @@ class Architecture:
             rf"(?P<proj>{projs})\.weight$"
         )
 
+    def projection(self, role: str) -> str:
+        """The checkpoint's projection name for a role (GATE, UP or DOWN)."""
+        return next(proj for proj, r in self.projections.items() if r == role)
+
     def expert_weight_name(self, layer: int, expert: int, proj: str) -> str:
         return f"model.layers.{layer}.{self.moe_block}.experts.{expert}.{proj}.weight"
 

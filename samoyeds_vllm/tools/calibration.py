@@ -169,7 +169,7 @@ def _run_layer(layer, experts: _Experts | None, batches: list, record: str | Non
 
 def _expert_weights(reader, arch: Architecture, layer: int, num_experts: int, device, dtype):
     def stack(role: str) -> torch.Tensor:
-        proj = next(p for p, r in arch.projections.items() if r == role)
+        proj = arch.projection(role)
         return torch.stack([reader.get(arch.expert_weight_name(layer, e, proj)) for e in range(num_experts)]).to(
             device, dtype
         )
@@ -225,8 +225,7 @@ def peak_bytes(arch: Architecture, reader: CheckpointReader, windows: list[list[
     size = torch.tensor([], dtype=dtype).element_size()
     experts = arch.experts_per_layer(reader.names())
     layer, num = max(experts.items(), key=lambda kv: kv[1])
-    gate = reader.shape(arch.expert_weight_name(layer, 0, next(p for p, r in arch.projections.items() if r == GATE)))
-    inter, hidden = gate
+    inter, hidden = reader.shape(arch.expert_weight_name(layer, 0, arch.projection(GATE)))
     layer_bytes = (
         sum(math.prod(reader.shape(n)) for n in reader.names() if n.startswith(f"model.layers.{layer}.")) * size
     )
@@ -311,7 +310,7 @@ def prune_layers(
             result.output_error = {"w13": (e13 / r13) ** 0.5 if r13 else 0.0, "w2": (e2 / r2) ** 0.5 if r2 else 0.0}
             _run_layer(layer, experts, batches, None, keep=True)
             for role, stacked in ((GATE, pruned13[:, :inter]), (UP, pruned13[:, inter:]), (DOWN, pruned2)):
-                proj = next(p for p, r in arch.projections.items() if r == role)
+                proj = arch.projection(role)
                 for e in range(num_experts):
                     name = arch.expert_weight_name(index, e, proj)
                     result.pruned[name] = stacked[e].to(weight_dtype).cpu()

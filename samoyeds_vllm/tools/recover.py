@@ -31,7 +31,7 @@ from ..format.checkpoint import SUFFIXES
 from .architectures import architecture_of
 from .checkpoint_io import CheckpointReader, ShardedWriter, check_output_dir, read_config
 from .convert import convert
-from .text_data import calibration_windows, load_documents
+from .text_data import calibration_windows, load_documents, token_windows
 
 STATE_DIR = "accelerate"  # inside .OUT.recover-state: accelerate's state and our progress
 CONFIG_KEYS_IGNORED = ("quantization_config", "torch_dtype", "dtype", "transformers_version", "architectures")
@@ -60,20 +60,26 @@ class TrainingWindows:
     seeded order that is reshuffled each epoch: step s gets the same batch whether or not the run was resumed."""
 
     def __init__(self, tokenizer, docs: list[str], settings: RecoverSettings):
-        self.all = calibration_windows(tokenizer, docs, 1, settings.seq_len + 1, settings.seed, every=True)
+        self.all = token_windows(tokenizer, docs, settings.seq_len + 1)
         if len(self.all) < settings.batch:
             raise SamoyedsError(
                 f"the training data gives {len(self.all)} windows of {settings.seq_len + 1} tokens, fewer than one "
                 f"batch of {settings.batch}; give more text"
             )
         self.batch_size, self.seed = settings.batch, settings.seed
+        self._epoch, self._order = -1, None
+
+    def _order_of(self, epoch: int) -> torch.Tensor:
+        if epoch != self._epoch:  # one permutation per epoch, not per window
+            generator = torch.Generator().manual_seed(self.seed * 1000 + epoch)
+            self._epoch, self._order = epoch, torch.randperm(len(self.all), generator=generator)
+        return self._order
 
     def batch(self, step: int) -> list[list[int]]:
         out = []
         for i in range(step * self.batch_size, (step + 1) * self.batch_size):
             epoch, index = divmod(i, len(self.all))
-            order = torch.randperm(len(self.all), generator=torch.Generator().manual_seed(self.seed * 1000 + epoch))
-            out.append(self.all[int(order[index])])
+            out.append(self.all[int(self._order_of(epoch)[index])])
         return out
 
 

@@ -115,25 +115,34 @@ def separator_id(tokenizer) -> int:
     raise DataError("the tokenizer has neither a BOS nor an EOS token to separate documents")
 
 
-def calibration_windows(
-    tokenizer, docs: list[str], samples: int, seq_len: int, seed: int, every: bool = False
-) -> list[list[int]]:
-    """`samples` windows of `seq_len` tokens, distinct and non-overlapping, drawn at random (seeded) from the
-    documents joined by the separator token (all of them, in order, with `every`). Raises DataError saying how
-    many tokens were given and needed."""
-    if samples < 1 or seq_len < 2:
-        raise DataError(f"calibration needs at least 1 sample of at least 2 tokens, not {samples} x {seq_len}")
+def _token_stream(tokenizer, docs: list[str]) -> list[int]:
+    """The documents' tokens, each document after the separator token."""
     sep = separator_id(tokenizer)
     stream: list[int] = []
     for ids in tokenize_documents(tokenizer, docs).ids:
         stream += [sep, *ids]
+    return stream
+
+
+def token_windows(tokenizer, docs: list[str], seq_len: int) -> list[list[int]]:
+    """Every non-overlapping window of `seq_len` tokens of the documents joined by the separator token, in order."""
+    if seq_len < 2:
+        raise DataError(f"windows need at least 2 tokens, not {seq_len}")
+    stream = _token_stream(tokenizer, docs)
+    return [stream[s : s + seq_len] for s in range(0, len(stream) - seq_len + 1, seq_len)]
+
+
+def calibration_windows(tokenizer, docs: list[str], samples: int, seq_len: int, seed: int) -> list[list[int]]:
+    """`samples` windows of `seq_len` tokens, distinct and non-overlapping, drawn at random (seeded) from the
+    documents joined by the separator token. Raises DataError saying how many tokens were given and needed."""
+    if samples < 1 or seq_len < 2:
+        raise DataError(f"calibration needs at least 1 sample of at least 2 tokens, not {samples} x {seq_len}")
+    stream = _token_stream(tokenizer, docs)
     needed = samples * seq_len
     if len(stream) < needed:
         raise DataError(
             f"calibration data gives {len(stream)} tokens, but {samples} samples of {seq_len} tokens need {needed}; "
             "give more text or ask for fewer or shorter samples"
         )
-    if every:
-        return [stream[s : s + seq_len] for s in range(0, len(stream) - seq_len + 1, seq_len)]
     starts = random.Random(seed).sample(range(len(stream) // seq_len), samples)
     return [stream[s * seq_len : (s + 1) * seq_len] for s in sorted(starts)]
