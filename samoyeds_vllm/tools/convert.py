@@ -87,6 +87,15 @@ class ConversionReport:
     peak_host_bytes: int = 0
     peak_gpu_bytes: int = 0
 
+    @property
+    def fallback_experts(self) -> dict[str, int]:
+        """Method -> experts of all layers pruned by it because calibration gave them too few tokens."""
+        total: dict[str, int] = {}
+        for stats in self.layers.values():
+            for method, count in stats.calibration.fallback.items() if stats.calibration else ():
+                total[method] = total.get(method, 0) + count
+        return total
+
     def to_json(self) -> dict:
         out = {
             "pattern": self.pattern.to_config(),
@@ -96,11 +105,7 @@ class ConversionReport:
         }
         if self.calibration:
             out["calibration"] = self.calibration.to_json()
-            fallback: dict[str, int] = {}
-            for stats in self.layers.values():
-                for method, count in stats.calibration.fallback.items() if stats.calibration else ():
-                    fallback[method] = fallback.get(method, 0) + count
-            out["fallback_experts"] = fallback
+            out["fallback_experts"] = self.fallback_experts
         return out | {
             "seconds": round(self.seconds, 2),
             "peak_host_bytes": self.peak_host_bytes,
@@ -119,7 +124,7 @@ class ConversionReport:
                 e = s.calibration.output_error
                 line += f"  {e['w13']:>14.4f} / {e['w2']:.4f}"
             lines.append(line)
-        if self.calibration and (fallback := self.to_json()["fallback_experts"]):
+        if fallback := self.fallback_experts:
             lines.append(
                 "experts with too few calibration tokens, pruned by "
                 + ", ".join(f"{m}: {n}" for m, n in fallback.items())
