@@ -10,6 +10,30 @@ namespace samoyeds {
 // the gate/up epilogue). For v below about -87, 1 + exp(-v) is past 2^126 and the result is 0, SiLU's limit there.
 __device__ __forceinline__ float silu(float v) { return __fdividef(v, 1.0f + __expf(-v)); }
 
+// FP8 values: each accumulator, a dot product with the quantized row, times its dense output row's scale (the
+// output rows of store_tile below; scale: the expert's [output rows], gate rows then up rows for GATE_UP). Once per
+// output, after the samoyeds fold has split the pairs, so the k loop does no scaling.
+template <bool SAMOYEDS, bool GATE_UP, int MT, int NT>
+__device__ __forceinline__ void scale_rows(float (&even)[MT][NT][4], float (&odd)[MT][NT][4], const int (&crow)[MT],
+                                           int lane, const float* __restrict__ scale, int N_out) {
+  const int g = lane >> 2;
+#pragma unroll
+  for (int h = 0; h < MT; ++h)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = crow[h] + g + 8 * r;
+      const int out_row = (GATE_UP ? h * N_out : 0) + (SAMOYEDS ? 2 * row : row);
+      const float s_even = scale[out_row], s_odd = SAMOYEDS ? scale[out_row + 1] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 2 * r; i < 2 * r + 2; ++i) {
+          even[h][j][i] *= s_even;
+          if (SAMOYEDS) odd[h][j][i] *= s_odd;
+        }
+    }
+}
+
 // Writes one warp's accumulators: acc[h][j][i] is condensed row crow[h] + g + 8 (i / 2) of m tile h (for GATE_UP
 // a row of the gate half, h = 0 gate, 1 up) and tile column 8 j + 2 t + i % 2; samoyeds: even / odd are output rows
 // 2 crow and 2 crow + 1. GATE_UP: act = SiLU(gate) * up by sorted position; else the routing-weighted row by

@@ -24,18 +24,36 @@
 
 namespace samoyeds {
 
+// FP8 values: the A fragment of k-step ks (mma.sp m16n8k32: a[0] row g, compressed columns 2t, 2t + 1; a[1] row
+// g + 8, the same; a[2], a[3] columns 2t + 8, 2t + 9) from this thread's 16 bytes of rows g and g + 8
+// (rows[0], rows[1]). kernels/weights.py stores each row's 64 values of a stage in the order (t, ks, the four
+// columns), so the 4 bytes of one k-step are word ks of the chunk: one 16-byte shared load per row and stage
+// instead of ldmatrix, which moves 16-bit elements.
+template <typename T>
+__device__ __forceinline__ void fp8_fragment(unsigned (&a)[4], const uint4 (&rows)[2], int ks) {
+  const unsigned g_row = ks == 0 ? rows[0].x : ks == 1 ? rows[0].y : ks == 2 ? rows[0].z : rows[0].w;
+  const unsigned g8_row = ks == 0 ? rows[1].x : ks == 1 ? rows[1].y : ks == 2 ? rows[1].z : rows[1].w;
+  a[0] = fp8x2_to<T, false>(g_row);
+  a[1] = fp8x2_to<T, false>(g8_row);
+  a[2] = fp8x2_to<T, true>(g_row);
+  a[3] = fp8x2_to<T, true>(g8_row);
+}
+
 // A block has WARPS = 4 or 8 warps; each warp owns MT m16 tiles of weight rows (the same 16 rows of gate and of up
 // for GATE_UP, so MT = 2 there; two stacked 16-row tiles for GEMM 2 on wide batches) and all BN tokens of the
 // token tile, so every B fragment read from shared memory feeds MT mma.sp. The block's A tile is MT slabs of
 // BM = WARPS * 16 rows.
 // WGMMA (sm_90a, BN = 64, whole warpgroups): each k-step is one wgmma.mma_async.sp per m tile and warpgroup
 // instead of NT mma.sp per warp, with B read by the tensor cores from shared memory (no ldmatrix for B).
-template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA>
+// FP8: the values are e4m3 bytes, half the bytes to stream (what bounds decode), turned into exact T fragments in
+// registers (fp8_fragment) and scaled per output row in the epilogue; the MMAs stay T x T.
+template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA>
 __device__ __forceinline__ void moe_gemm_body(
     const T* __restrict__ x,               // GATE_UP: [tokens, K] activations; else [slots, K] act in sorted order
-    const T* __restrict__ values,          // [E, R, K/2]
+    const typename ValueOf<T, FP8>::type* __restrict__ values,  // [E, R, K/2]
     const int16_t* __restrict__ meta,      // [E, R, K/16]
     const uint8_t* __restrict__ rowsel,    // [E, R, K/V] stored segment-major (samoyeds) or null
+    const float* __restrict__ scale,       // FP8: [E, output rows] scale of each dense output row
     T* __restrict__ out,                   // GATE_UP: act [slots, N_out]; else y [slots, N_out] by original slot
     float* __restrict__ partial,           // split-K (gridDim.z > 1): fp32 partial sums instead of `out`:
                                            //   GATE_UP [z, slots, 2 N_out] (gate | up), else [z, slots, N_out]
@@ -54,7 +72,7 @@ __device__ __forceinline__ void moe_gemm_body(
   static_assert(!WGMMA || (BN == 64 && WARPS % 4 == 0), "wgmma: m64n64 per warpgroup");
   constexpr int THREADS = WARPS * 32;
   constexpr int BM = WARPS * SLAB_ROWS;    // condensed rows per slab
-  using StageT = Stage<BN, MT * BM>;
+  using StageT = Stage<BN, MT * BM, FP8 ? 1 : 2>;
   constexpr int A_ROWS = MT * BM;
   constexpr int NT = BN / 8;               // n8 tiles per warp
   constexpr int SEGS = BK / V;             // row-selection segments per stage (samoyeds)
@@ -88,14 +106,18 @@ __device__ __forceinline__ void moe_gemm_body(
   const KRange k_range(K);  // split-K: this block's share of the k tiles
   const int kt_begin = k_range.begin, k_tiles = k_range.count;
 
-  // Per-thread copy addresses, fixed for the whole k loop (a stage only adds its k offset). A: chunk c = tid % 8
-  // of rows tid / 8 + j * THREADS / 8, j < 4 per slab, so the XOR swizzle (row & 7) is the same for every j.
-  constexpr int A_STEP = THREADS / 8;      // rows between a thread's A chunks
-  static_assert(BM == 4 * A_STEP, "four A chunks per thread and slab");
-  const int a_row = tid >> 3, a_chunk = tid & 7;
-  const T* a_src = values + (expert_rows + row0 + a_row) * (K / 2) + (size_t)kt_begin * (BK / 2) + a_chunk * 8;
+  // Per-thread copy addresses, fixed for the whole k loop (a stage only adds its k offset). A: a row's 64 values
+  // of a stage are A_CHUNKS 16-byte chunks (8 of T, 4 of FP8); chunk c = tid % A_CHUNKS of rows
+  // tid / A_CHUNKS + j * A_STEP, so the XOR swizzle of T tiles (row & 7) is the same for every j. FP8 rows stay
+  // unswizzled: each thread reads one whole chunk of rows g and g + 8 (fp8_fragment), 8 threads 128 contiguous bytes.
+  constexpr int A_CHUNKS = FP8 ? 4 : 8;
+  constexpr int A_STEP = THREADS / A_CHUNKS;  // rows between a thread's A chunks
+  constexpr int A_COPIES = BM / A_STEP;       // A chunks per thread and slab
+  const int a_row = tid / A_CHUNKS, a_chunk = tid % A_CHUNKS;
+  const auto* a_src = values + (expert_rows + row0 + a_row) * (K / 2) + (size_t)kt_begin * (BK / 2) +
+                      a_chunk * (64 / A_CHUNKS);
   const size_t a_step = (size_t)A_STEP * (K / 2), a_slab = (size_t)slab_rows * (K / 2);
-  const int a_dst = a_row * 8 + (a_chunk ^ (a_row & 7));
+  const int a_dst = a_row * A_CHUNKS + (FP8 ? a_chunk : a_chunk ^ (a_row & 7));
   // meta: one 16-byte chunk (the 128 inputs of a stage) per row; thread r < A_ROWS copies row r.
   const int m_slab = tid / BM;
   const int16_t* m_src = meta + (expert_rows + row0 + (tid % BM) + (size_t)m_slab * slab_rows) * (K / 16) +
@@ -114,8 +136,9 @@ __device__ __forceinline__ void moe_gemm_body(
 #pragma unroll
     for (int h = 0; h < MT; ++h)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        cp_async16(&s.a.chunk[a_dst + (h * BM + j * A_STEP) * 8], a_src + h * a_slab + j * a_step + k_off / 2, 16);
+      for (int j = 0; j < A_COPIES; ++j)
+        cp_async16(&s.a.chunk[a_dst + (h * BM + j * A_STEP) * A_CHUNKS], a_src + h * a_slab + j * a_step + k_off / 2,
+                   16);
     if (tid < A_ROWS) cp_async16(&s.meta.half[tid * 8], m_src + k_off / 16, 16);
     if (SAMOYEDS && tid < SelT::CHUNKS) {
       int sel_dst;
@@ -160,6 +183,13 @@ __device__ __forceinline__ void moe_gemm_body(
     if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
     cp_async_commit();
     const StageT& s = stages[kt % STAGES];
+    uint4 a8[MT][2];  // FP8: rows g and g + 8 of each m tile, the 16 bytes of this thread for all 4 k-steps
+    if constexpr (FP8) {
+#pragma unroll
+      for (int h = 0; h < MT; ++h)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) a8[h][r] = s.a.chunk[(h * BM + wrow0 + g + 8 * r) * A_CHUNKS + t];
+    }
 
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -170,9 +200,13 @@ __device__ __forceinline__ void moe_gemm_body(
       unsigned a[MT][4], e[MT];
 #pragma unroll
       for (int h = 0; h < MT; ++h) {
-        const int r = h * BM + wrow0 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        const int c = ks * 2 + (lane >> 4);
-        ldmatrix_x4(a[h], &s.a.chunk[r * 8 + (c ^ (r & 7))]);
+        if constexpr (FP8) {
+          fp8_fragment<T>(a[h], a8[h], ks);
+        } else {
+          const int r = h * BM + wrow0 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          const int c = ks * 2 + (lane >> 4);
+          ldmatrix_x4(a[h], &s.a.chunk[r * 8 + (c ^ (r & 7))]);
+        }
         const int mr = h * BM + wrow0 + g;
         e[h] = (unsigned)s.meta.half[mr * 8 + ks * 2 + (t & 1)] |
                ((unsigned)s.meta.half[(mr + 8) * 8 + ks * 2 + (t & 1)] << 16);
@@ -205,6 +239,8 @@ __device__ __forceinline__ void moe_gemm_body(
   int crow[MT];
 #pragma unroll
   for (int h = 0; h < MT; ++h) crow[h] = row0 + (GATE_UP ? 0 : h * BM) + wrow0;
+  if constexpr (FP8)
+    scale_rows<SAMOYEDS, GATE_UP>(acc, acc_odd, crow, lane, scale + (size_t)expert * (GATE_UP ? 2 : 1) * N_out, N_out);
   store_tile<T, SAMOYEDS, GATE_UP>(
       acc, acc_odd, crow, lane,
       [&](int n) { return n >= n_rows ? -1 : GATE_UP ? first + n : sorted_slot[first + n]; },
@@ -215,11 +251,11 @@ __device__ __forceinline__ void moe_gemm_body(
 // The kernel: this GEMM's operands from the layer's parameters, as restrict-qualified arguments of the body (the
 // compiler then knows they do not alias: same code as separate kernel arguments; read through a struct, the
 // pointers lost that and the kernels took more registers and spilled).
-template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA>
+template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA>
 __global__ void __launch_bounds__(WARPS * 32) moe_gemm(const __grid_constant__ MoEParams p) {
   const GemmOperands<T, GATE_UP> op{p};
-  moe_gemm_body<T, SAMOYEDS, V, BN, GATE_UP, WARPS, MT, WGMMA>(
-      op.x(), op.values(), op.meta(), op.rowsel(), op.out(), op.partial(), p.tile_expert, p.tile_start, p.tile_rows,
+  moe_gemm_body<T, FP8, SAMOYEDS, V, BN, GATE_UP, WARPS, MT, WGMMA>(
+      op.x(), op.template values<typename ValueOf<T, FP8>::type>(), op.meta(), op.rowsel(), op.scale(), op.out(), op.partial(), p.tile_expert, p.tile_start, p.tile_rows,
       p.sorted_slot, p.topk_weights, op.R(), op.K(), p.top_k, op.N_out(), p.slots);
 }
 

@@ -11,6 +11,10 @@
 
 namespace samoyeds {
 
+// The element type of packed values: T, or the raw bytes of FP8 e4m3 values.
+template <typename T, bool FP8> struct ValueOf { using type = T; };
+template <typename T> struct ValueOf<T, true> { using type = uint8_t; };
+
 template <typename T, bool GATE_UP>
 struct GemmOperands {
   const MoEParams& p;  // the kernel's __grid_constant__ parameters
@@ -18,7 +22,10 @@ struct GemmOperands {
   __device__ __forceinline__ const PackedExperts& weights() const { return GATE_UP ? p.w13 : p.w2; }
   // B rows. GATE_UP: x [tokens, K]; else act [slots, K] in sorted order
   __device__ __forceinline__ const T* x() const { return static_cast<const T*>(GATE_UP ? p.x : p.act); }
-  __device__ __forceinline__ const T* values() const { return static_cast<const T*>(weights().values); }
+  // T, or the bytes of FP8 values
+  template <typename W = T>
+  __device__ __forceinline__ const W* values() const { return static_cast<const W*>(weights().values); }
+  __device__ __forceinline__ const float* scale() const { return weights().scale; }
   __device__ __forceinline__ const int16_t* meta() const { return weights().meta; }
   __device__ __forceinline__ const uint8_t* rowsel() const { return weights().rowsel; }
   // GATE_UP: act by sorted position; else y by original slot

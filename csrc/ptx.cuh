@@ -38,6 +38,26 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
 template <typename T> constexpr bool IS_BF16 = false;
 template <> constexpr bool IS_BF16<__nv_bfloat16> = true;
 
+// Two float8 e4m3 values as a T x 2 register (T = bf16 or fp16), exactly, for the A operand of mma.sp / wgmma.sp:
+// bytes HI ? 2, 3 : 0, 1 of q, the first in the low half. Moving e4m3's sign, exponent and mantissa bits into T's
+// fields gives value * 2^(7 - T's exponent bias) for every e4m3 value (zero stays zero, e4m3 subnormals become T
+// subnormals, also exact), and one multiply by the power of two undoes that. No cvt instruction turns e4m3 into
+// bf16 before sm_100 (cvt.f16x2.e4m3x2 needs sm_89 and gives fp16 only), and this runs on sm_80 as well.
+template <typename T, bool HI>
+__device__ __forceinline__ unsigned fp8x2_to(unsigned q) {
+  const unsigned spread = __byte_perm(q, 0u, HI ? 0x4342u : 0x4140u);  // one byte in the low byte of each half
+  constexpr int SHIFT = IS_BF16<T> ? 4 : 7;  // e4m3's 7 exponent + mantissa bits to T's mantissa boundary
+  const unsigned bits = ((spread & 0x00800080u) << 8) | ((spread & 0x007f007fu) << SHIFT);
+  if constexpr (IS_BF16<T>) {
+    const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits),
+                                     __floats2bfloat162_rn(0x1p120f, 0x1p120f));  // 2^(127 - 7)
+    return *reinterpret_cast<const unsigned*>(&v);
+  } else {
+    const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits), __floats2half2_rn(256.0f, 256.0f));
+    return *reinterpret_cast<const unsigned*>(&v);  // 2^(15 - 7)
+  }
+}
+
 // D += A (16x32, 2:4 compressed to 16x16) * B (32x8); metadata e from lanes 4g, 4g+1 (selector 0).
 #define SAMOYEDS_MMA_SP(TYPE)                                                                                   \
   asm volatile("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32." TYPE "." TYPE ".f32 "             \

@@ -2,7 +2,8 @@
 //
 // A tile: rows x 64 compressed values (128 B = 8 chunks of 16 B); chunk c of row r lives at c ^ (r & 7), so the
 // 8 rows one ldmatrix reads fall in 8 different bank groups, and it is the 128-byte-swizzled K-major layout that
-// wgmma reads through a descriptor (sw128_desc). B tile: BN tokens x 128 inputs in two 64-input panels
+// wgmma reads through a descriptor (sw128_desc). FP8 values (moe_gemm only) take 64 B per row and stage, unswizzled,
+// in the fragment order of fp8_fragments (gemm_mma.cuh). B tile: BN tokens x 128 inputs in two 64-input panels
 // (BTile::at), the same XOR inside each panel. Meta tile: rows x 8 halfwords (the metadata of 128 dense inputs),
 // unswizzled (read as scalars or 16-byte rows). Sel tile (samoyeds): the stage's row selections.
 #pragma once
@@ -21,10 +22,12 @@ template <int BN> struct BTile {
 };
 template <int ROWS> struct MetaTile { uint16_t half[ROWS * 8]; };
 
-template <int BN, int A_ROWS>  // A_ROWS: all weight rows of the block (gate rows then up rows for GATE_UP)
+// A_ROWS: all weight rows of the block (gate rows then up rows for GATE_UP); VALUE_BYTES: 2, or 1 for FP8 values,
+// whose rows of 64 one-byte values fill A_ROWS / 2 rows of 128 B.
+template <int BN, int A_ROWS, int VALUE_BYTES = 2>
 struct Stage {  // every member a multiple of 1 KB for A_ROWS % 64 == 0, so b stays 1 KB aligned (wgmma swizzle atoms)
   BTile<BN> b;
-  ATile<A_ROWS> a;
+  ATile<A_ROWS * VALUE_BYTES / 2> a;
   MetaTile<A_ROWS> meta;
 };
 

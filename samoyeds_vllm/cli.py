@@ -27,7 +27,18 @@ def _make_model(args: argparse.Namespace) -> None:
         force=args.force,
         sparse=sparse,
         layers=args.layers,
+        sparse_values=_values(args.values),
+        fp8_block=args.fp8_block,
     )
+
+
+def _values(name: str | None):
+    """The stored value type of --values: None (the model's dtype) or float8 e4m3."""
+    if name in (None, "bf16"):
+        return None
+    from .format import FP8
+
+    return FP8
 
 
 def _convert(args: argparse.Namespace) -> None:
@@ -57,6 +68,7 @@ def _convert(args: argparse.Namespace) -> None:
         force=args.force,
         export_dense=Path(args.export_dense) if args.export_dense else None,
         calibration=calibration,
+        values=_values(args.values),
         allow_nonfinite=args.allow_nonfinite,
     )
     print(report.table())
@@ -118,9 +130,8 @@ def _bench_moe(args: argparse.Namespace) -> None:
         raise SamoyedsError("bench moe times GPU kernels and needs an NVIDIA GPU")
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     tokens = [int(t) for t in args.tokens.split(",")]
-    bench_moe(
-        args.shape, tokens, Pattern.parse(args.pattern, args.segment), dtype, args.json, with_vllm=not args.no_vllm
-    )
+    pattern = Pattern.parse(args.pattern, args.segment)
+    bench_moe(args.shape, tokens, pattern, dtype, args.json, with_vllm=not args.no_vllm, values=_values(args.values))
 
 
 def _bench_e2e(args: argparse.Namespace) -> None:
@@ -173,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
         "load_format=dummy allocates only packed expert weights",
     )
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V for --sparse")
+    p.add_argument("--values", choices=["fp8"], help="with --sparse: the packed values are FP8 (format version 2)")
+    p.add_argument(
+        "--fp8-block",
+        action="store_true",
+        help="quantize the projections to FP8 in 128x128 blocks, as Qwen3-*-FP8 and DeepSeek-V3 checkpoints are",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=_make_model)
 
@@ -199,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-field", default="text", help="the text field of jsonl/parquet records")
     p.add_argument("--seed", type=int, default=0, help="seed of the calibration windows' choice")
     p.add_argument("--device", help="where calibrated pruning runs (default: cuda if there is a GPU, else cpu)")
+    p.add_argument(
+        "--values",
+        choices=["bf16", "fp8"],
+        default="bf16",
+        help="kept values in the model's dtype (bf16, default) or FP8 e4m3 with one scale per output row",
+    )
     p.add_argument("--export-dense", metavar="DIR", help="also write the pruned weights as a dense checkpoint")
     p.add_argument("--allow-nonfinite", action="store_true", help="convert weights holding NaN or Inf (else refused)")
     p.add_argument("--force", action="store_true", help="replace existing output directories")
@@ -248,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pattern", default="samoyeds", choices=["2:4", "samoyeds"])
     p.add_argument("--segment", type=int, default=None)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--values", choices=["bf16", "fp8"], default="bf16", help="our kept values (fp8: also times bf16)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--no-vllm", action="store_true", help="time ours only")
     p.set_defaults(func=_bench_moe)

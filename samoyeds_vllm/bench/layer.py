@@ -50,7 +50,10 @@ def bench_moe(
     dtype=torch.bfloat16,
     json_path: Path | None = None,
     with_vllm: bool = True,
+    values: torch.dtype | None = None,
 ) -> list[dict]:
+    """values FP8: ours with FP8 values, beside ours with values of dtype (the same pruned weights; `ours_bf16_*`) and
+    its error against that unquantized layer (`ours_vs_unquantized_err`)."""
     from tqdm import tqdm
 
     shape = preset_shape(shape_name)
@@ -63,9 +66,14 @@ def bench_moe(
     ceilings = measure_ceilings()
     rows = []
     for t in tqdm(tokens, desc=f"bench moe {shape_name} {pattern}"):
-        problem = make_problem(shape, pattern, t, dtype, seed=t)
+        problem = make_problem(shape, pattern, t, dtype, seed=t, values=values)
         row = {"tokens": t, "ours_rel_err": relative_error(run_sparse(problem), reference(problem))}
         row["ours_first_capture_us"], row["ours_us"] = time_cuda_graph_captures(lambda p=problem: run_sparse(p))
+        if values is not None:
+            unquantized = make_problem(shape, pattern, t, dtype, seed=t)
+            row["ours_vs_unquantized_err"] = relative_error(run_sparse(problem), reference(unquantized))
+            row["ours_bf16_us"] = time_cuda_graph_captures(lambda p=unquantized: run_sparse(p))[1]
+            del unquantized
         flops = 2 * t * shape.top_k * 3 * shape.hidden * shape.intermediate
         row["ours_TBps"] = _bytes_read(problem, True) / (row["ours_us"] * 1e-6) / 1e12
         row["ours_TFLOPs_dense_equiv"] = flops / (row["ours_us"] * 1e-6) / 1e12
@@ -85,6 +93,7 @@ def bench_moe(
         **asdict(shape),
         "pattern": str(pattern),
         "dtype": str(dtype),
+        "values": str(values or dtype),
         "device": torch.cuda.get_device_name(),
         "date": time.strftime("%Y-%m-%d"),
         "torch": torch.__version__,
@@ -117,6 +126,9 @@ def format_table(result: dict) -> str:
         f"{'T':>6} {'ours µs':>9} {'vLLM µs':>9} {'speedup':>8} {'ours TB/s':>9} {'vLLM TB/s':>9} "
         f"{'ours TF/s':>9} {'vLLM TF/s':>9} {'err ours':>9} {'err vLLM':>9}",
     ]
+    if "ours_bf16_us" in result["rows"][0]:
+        lines[0] += f", values {result['values']}"
+        lines[1] += f" {'unquant. µs':>11} {'err vs unquant.':>15}"
     for r in result["rows"]:
         lines.append(
             f"{r['tokens']:>6} {r['ours_us']:>9.1f} {r.get('vllm_us', float('nan')):>9.1f} "
@@ -125,4 +137,6 @@ def format_table(result: dict) -> str:
             f"{r.get('vllm_TFLOPs', float('nan')):>9.1f} {r['ours_rel_err']:>9.1e} "
             f"{r.get('vllm_rel_err', float('nan')):>9.1e}"
         )
+        if "ours_bf16_us" in r:
+            lines[-1] += f" {r['ours_bf16_us']:>11.1f} {r['ours_vs_unquantized_err']:>15.1e}"
     return "\n".join(lines)

@@ -6,23 +6,43 @@ it imports nothing of theirs.
 
 from .checkpoint import (
     FORMAT_VERSION,
+    FORMAT_VERSIONS,
     QUANT_METHOD,
     SUFFIXES,
+    VALUE_TYPES,
     SparseCheckpointConfig,
     parse_quantization_config,
     quantization_config,
 )
-from .packing import PackedWeight, check, check_packed, compress, decompress, prune, prune_mask, satisfies
+from .packing import (
+    FP8,
+    FP8_MAX,
+    PackedWeight,
+    check,
+    check_packed,
+    compress,
+    decompress,
+    nonfinite_count,
+    prune,
+    prune_mask,
+    quantize,
+    satisfies,
+    value_scales,
+)
 from .pattern import DEFAULT_SEGMENT, PATTERNS, SEGMENTS, SUPPORTED_DTYPES, Pattern
 
 __all__ = [
     "DEFAULT_SEGMENT",
     "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
+    "FP8",
+    "FP8_MAX",
     "PATTERNS",
     "QUANT_METHOD",
     "SEGMENTS",
     "SUFFIXES",
     "SUPPORTED_DTYPES",
+    "VALUE_TYPES",
     "PackedWeight",
     "Pattern",
     "SparseCheckpointConfig",
@@ -30,9 +50,12 @@ __all__ = [
     "check_packed",
     "compress",
     "decompress",
+    "nonfinite_count",
     "parse_quantization_config",
     "prune",
     "prune_mask",
     "quantization_config",
+    "quantize",
     "satisfies",
+    "value_scales",
 ]

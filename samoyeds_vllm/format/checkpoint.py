@@ -10,28 +10,47 @@ spells them out.
         "pruning_method": "magnitude"          how the kept weights were chosen (informative)
     }
 
-A weight `X.weight` is stored as `X.weight_packed`, `X.weight_meta` and (samoyeds) `X.weight_rowsel`.
+Version 2 stores the kept values in float8 e4m3 with one fp32 scale per output row of the dense weight, and says
+so in two more keys, `"values": "float8_e4m3fn", "scale": "channel"`; version 1 (values in the model's dtype)
+still loads, and converters write it for unquantized values so older readers keep reading those.
+
+A weight `X.weight` is stored as `X.weight_packed`, `X.weight_meta`, (samoyeds) `X.weight_rowsel` and (version 2)
+`X.weight_scale`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..errors import CheckpointError, PatternError
 from .pattern import Pattern
 
 QUANT_METHOD = "samoyeds"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this package reads and writes
+FORMAT_VERSIONS = (1, 2)
 #: Checkpoint suffixes replacing `weight` for each packed tensor (fields of packing.PackedWeight).
-SUFFIXES = {"values": "weight_packed", "meta": "weight_meta", "rowsel": "weight_rowsel"}
+SUFFIXES = {"values": "weight_packed", "meta": "weight_meta", "rowsel": "weight_rowsel", "scale": "weight_scale"}
+#: Value types a checkpoint may name (`values`), and the one scale layout (`scale`): one fp32 per output row.
+VALUE_TYPES = {"float8_e4m3fn": torch.float8_e4m3fn}
+SCALE_LAYOUT = "channel"
 
 
-def quantization_config(pattern: Pattern, sparse_modules: list[str], pruning_method: str) -> dict:
-    """The `quantization_config` entry of a packed checkpoint's config.json."""
+def quantization_config(
+    pattern: Pattern, sparse_modules: list[str], pruning_method: str, values: torch.dtype | None = None
+) -> dict:
+    """The `quantization_config` entry of a packed checkpoint's config.json; `values` the stored value type when
+    quantized (version 2), None for values in the model's dtype (version 1)."""
+    quantized = {}
+    if values is not None:
+        names = {dtype: name for name, dtype in VALUE_TYPES.items()}
+        quantized = {"values": names[values], "scale": SCALE_LAYOUT}
     return {
         "quant_method": QUANT_METHOD,
-        "format_version": FORMAT_VERSION,
+        "format_version": 2 if quantized else 1,
         **pattern.to_config(),
+        **quantized,
         "sparse_modules": list(sparse_modules),
         "pruning_method": pruning_method,
     }
@@ -39,24 +58,41 @@ def quantization_config(pattern: Pattern, sparse_modules: list[str], pruning_met
 
 @dataclass(frozen=True)
 class SparseCheckpointConfig:
-    """A parsed `quantization_config`: the pattern, and whether the expert weights are stored packed."""
+    """A parsed `quantization_config`: the pattern, whether the expert weights are stored packed, and the stored
+    value type (None: the model's dtype; else scaled values of that type)."""
 
     pattern: Pattern
     packed: bool
     sparse_modules: tuple[str, ...] = ()
+    values: torch.dtype | None = None
 
 
 def parse_quantization_config(config: dict) -> SparseCheckpointConfig:
     """Read a `quantization_config` dict (or the empty one of `--quantization samoyeds` on a dense checkpoint).
-    A `format_version` means packed tensors; this package reads FORMAT_VERSION only. CheckpointError otherwise."""
+    A `format_version` means packed tensors; this package reads FORMAT_VERSIONS. CheckpointError otherwise."""
     version = config.get("format_version")
-    if version is not None and version != FORMAT_VERSION:
+    if version is not None and version not in FORMAT_VERSIONS:
         raise CheckpointError(
             f"samoyeds checkpoint format_version {version!r} is not supported by this samoyeds-vllm (it reads "
-            f"version {FORMAT_VERSION}); re-convert the model or upgrade"
+            f"versions {', '.join(map(str, FORMAT_VERSIONS))}); re-convert the model or upgrade"
         )
     try:
         pattern = Pattern.parse(config.get("pattern", "samoyeds"), config.get("segment"))
     except PatternError as e:
         raise CheckpointError(f"samoyeds quantization_config: {e}") from None
-    return SparseCheckpointConfig(pattern, version is not None, tuple(config.get("sparse_modules") or ()))
+    # Quantized values: named by version 2, or asked of sparsify on load (no version) with the same keys.
+    name, layout = config.get("values"), config.get("scale", SCALE_LAYOUT if version is None else None)
+    values = None
+    if version == 2 or (version is None and name is not None):
+        if name not in VALUE_TYPES or layout != SCALE_LAYOUT:
+            raise CheckpointError(
+                f"samoyeds quantization_config: quantized values need values one of {', '.join(VALUE_TYPES)} and "
+                f"scale {SCALE_LAYOUT!r}, not values {name!r} and scale {layout!r}"
+            )
+        values = VALUE_TYPES[name]
+    elif version == 1 and name is not None:
+        raise CheckpointError(
+            "samoyeds quantization_config: format_version 1 stores unquantized values; "
+            f"values {name!r} needs format_version 2"
+        )
+    return SparseCheckpointConfig(pattern, version is not None, tuple(config.get("sparse_modules") or ()), values)

@@ -10,6 +10,10 @@ r = m for 2:4 and r = m/2 for samoyeds (one condensed row per row pair)::
                             of `mma.sp` / `wgmma.sp` builds its 32-bit selector as meta[row g] | meta[row g+8] << 16.
                             A group with fewer than two non-zeros still names two positions (zeros are stored).
     rowsel  [..., m/2, k/V] uint8, samoyeds only: 0 keeps row 2i, 1 keeps row 2i+1, in segment s of pair i.
+    scale   [..., m]        float32, quantized values only (format version 2): values are float8_e4m3fn and the
+                            weight is values * scale of the value's dense output row. One scale per output row
+                            (not per 128 x 128 block) because the kernels then apply it once per output, in the
+                            epilogue, after the samoyeds fold has split each row pair into its two rows.
 
 `prune` projects a dense tensor onto a pattern by a score (magnitude unless given; calibrated scores come from
 samoyeds_vllm.tools), `compress` / `decompress` convert between the pruned dense tensor and the packed one.
@@ -28,10 +32,16 @@ from .pattern import GROUP, META_SPAN, SUPPORTED_DTYPES, Pattern
 _INT_OF_SIZE = {2: torch.int16, 4: torch.int32}
 
 
+#: The quantized value type, and its largest finite magnitude (the scale maps each row's largest kept value there).
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
 class PackedWeight(NamedTuple):
     values: torch.Tensor
     meta: torch.Tensor
     rowsel: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
 
     def named(self, prefix: str) -> dict[str, torch.Tensor]:
         """Checkpoint tensors for the weight `prefix.weight` (prefix without the trailing `.weight`)."""
@@ -179,8 +189,12 @@ def compress(w: torch.Tensor, pattern: Pattern, name: str = "weight") -> PackedW
 
 
 def decompress(packed: PackedWeight, pattern: Pattern) -> torch.Tensor:
-    """Dense [..., m, k] tensor of a packed weight (zeros where the pattern dropped weights)."""
-    kept_rows = _decompress_2of4(packed.values, packed.meta)
+    """Dense [..., m, k] tensor of a packed weight (zeros where the pattern dropped weights); float32 values * scale
+    for quantized values."""
+    values = packed.values
+    if packed.scale is not None:
+        values = values.float() * value_scales(packed, pattern)
+    kept_rows = _decompress_2of4(values, packed.meta)
     if not pattern.is_samoyeds:
         return kept_rows
     *lead, half_m, k = kept_rows.shape
@@ -191,10 +205,60 @@ def decompress(packed: PackedWeight, pattern: Pattern) -> torch.Tensor:
     return out.reshape(*lead, half_m * 2, k)
 
 
+# ------------------------------------------------------------------------------------------- quantization
+
+
+def _rows_of_values(packed: PackedWeight, pattern: Pattern) -> torch.Tensor | None:
+    """samoyeds: the dense row (0 or 1 within its pair) of every packed value [..., r, k/2]; 2:4: None (row r)."""
+    if not pattern.is_samoyeds:
+        return None
+    return packed.rowsel.repeat_interleave(pattern.segment // 2, dim=-1)
+
+
+def value_scales(packed: PackedWeight, pattern: Pattern) -> torch.Tensor:
+    """The scale of every packed value [..., r, k/2] (float32): its dense output row's."""
+    scale = packed.scale.float()
+    *lead, r, half_k = packed.values.shape
+    if not pattern.is_samoyeds:
+        return scale.unsqueeze(-1).expand(*lead, r, half_k)
+    pairs = scale.reshape(*lead, r, 2)
+    return pairs.gather(-1, _rows_of_values(packed, pattern).long())
+
+
+def quantize(packed: PackedWeight, pattern: Pattern, dtype: torch.dtype = FP8) -> PackedWeight:
+    """The packed weight with float8 e4m3 values and one float32 scale per dense output row: the row's largest kept
+    magnitude maps to FP8_MAX (rows without non-zeros get scale 1), values rounded to nearest. Metadata and row
+    selections stay, so the kept positions are the unquantized weight's."""
+    if dtype != FP8:
+        raise PatternError(f"values can be quantized to {FP8}, not {dtype}")
+    magnitude = packed.values.float().abs()
+    *lead, r, half_k = magnitude.shape
+    if pattern.is_samoyeds:  # largest kept magnitude of each dense row: rows 2i, 2i + 1 share condensed row i
+        rows = _rows_of_values(packed, pattern).bool()
+        zero = torch.zeros((), dtype=magnitude.dtype, device=magnitude.device)
+        even, odd = torch.where(rows, zero, magnitude).amax(-1), torch.where(rows, magnitude, zero).amax(-1)
+        row_max = torch.stack([even, odd], dim=-1).reshape(*lead, 2 * r)
+    else:
+        row_max = magnitude.amax(-1)
+    scale = torch.where(row_max > 0, row_max / FP8_MAX, torch.ones((), device=row_max.device))
+    quantized = packed._replace(scale=scale)
+    values = (packed.values.float() / value_scales(quantized, pattern)).clamp(-FP8_MAX, FP8_MAX).to(dtype)
+    return quantized._replace(values=values)
+
+
+def nonfinite_count(t: torch.Tensor) -> int:
+    """NaN / Inf entries of a weight tensor (float8 e4m3 has NaN only: all exponent and mantissa bits set)."""
+    if t.dtype == FP8:
+        return int(((t.view(torch.uint8) & 0x7F) == 0x7F).sum())
+    return int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
+
+
 def check_packed(packed: PackedWeight, pattern: Pattern, dense_shape: tuple[int, ...], name: str = "weight") -> None:
     """Raise PatternError naming the tensor if packed tensors have the wrong shapes or dtypes, metadata that
-    names an invalid pair of positions, or row selectors other than 0 and 1 (a corrupted checkpoint)."""
-    expected = pattern.packed_shapes(dense_shape, name)
+    names an invalid pair of positions, row selectors other than 0 and 1, or (quantized values) scales that are
+    not finite and positive (a corrupted checkpoint)."""
+    quantized = packed.values.dtype == FP8
+    expected = pattern.packed_shapes(dense_shape, name, scaled=quantized)
     for part, shape in expected.items():
         t = getattr(packed, part)
         if t is None:
@@ -204,8 +268,19 @@ def check_packed(packed: PackedWeight, pattern: Pattern, dense_shape: tuple[int,
                 f"{name}: packed {part} has shape {tuple(t.shape)}, expected {shape} for a dense "
                 f"{tuple(dense_shape)} weight with pattern {pattern}"
             )
-    if packed.values.dtype not in SUPPORTED_DTYPES:
+    if packed.values.dtype not in (*SUPPORTED_DTYPES, FP8):
         raise PatternError(f"{name}: packed values have dtype {packed.values.dtype}")
+    if quantized:
+        if packed.scale.dtype != torch.float32:
+            raise PatternError(f"{name}: scales have dtype {packed.scale.dtype}, expected torch.float32")
+        bad = ~(torch.isfinite(packed.scale) & (packed.scale > 0))
+        if bool(bad.any()):
+            raise PatternError(
+                f"{name}: {int(bad.sum())} scales are not finite and positive (first: "
+                f"{float(packed.scale[bad][0])}); the checkpoint is damaged"
+            )
+    elif packed.scale is not None:
+        raise PatternError(f"{name}: a scale is given for unquantized {packed.values.dtype} values")
     if packed.meta.dtype != torch.int16:
         raise PatternError(f"{name}: metadata has dtype {packed.meta.dtype}, expected torch.int16")
     positions = _meta_positions(packed.meta)

@@ -83,14 +83,19 @@ class Pattern:
                 "sparse tensor-core step)"
             )
 
-    def packed_shapes(self, shape: tuple[int, ...] | torch.Size, name: str = "weight") -> dict[str, tuple]:
-        """Shapes of the packed tensors ("values", "meta", and "rowsel" for samoyeds) for a dense shape."""
+    def packed_shapes(
+        self, shape: tuple[int, ...] | torch.Size, name: str = "weight", scaled: bool = False
+    ) -> dict[str, tuple]:
+        """Shapes of the packed tensors ("values", "meta", "rowsel" for samoyeds, "scale" for quantized values: one
+        per output row) for a dense shape."""
         self.check_shape(shape, name)
         *lead, m, k = tuple(shape)
         rows = m // 2 if self.is_samoyeds else m
         shapes = {"values": (*lead, rows, k // 2), "meta": (*lead, rows, k // META_SPAN)}
         if self.is_samoyeds:
             shapes["rowsel"] = (*lead, m // 2, k // self.segment)
+        if scaled:
+            shapes["scale"] = (*lead, m)
         return shapes
 
     def to_config(self) -> dict:

@@ -12,7 +12,7 @@ when a kernel is first built.
 
 from .launch import moe_experts
 from .plan import GemmConfig, KernelConfig, LayerShape, MoEPlan, device_of, override_config, plan_moe
-from .weights import check_weights, prepare_weights, supports
+from .weights import check_weights, checkpoint_layout, prepare_weights, supports
 
 __all__ = [
     "GemmConfig",
@@ -20,6 +20,7 @@ __all__ = [
     "LayerShape",
     "MoEPlan",
     "check_weights",
+    "checkpoint_layout",
     "device_of",
     "moe_experts",
     "override_config",

@@ -1,11 +1,11 @@
 """Compiling csrc/ at first use and finding its kernels.
 
 The CUDA sources are compiled for the running GPU by NVRTC through CuPy (no compiler at install time), one module
-per (dtype, pattern, GPU architecture) holding every kernel a plan can choose (plan.compiled_kernels). CuPy caches
-the binaries on disk ($CUPY_CACHE_DIR, default ~/.cupy/kernel_cache) keyed by the source and the options; the
-options carry a hash of every file in csrc/, since CuPy hashes only the main file's text and not the headers it
-includes. SAMOYEDS_LINEINFO=1 (profiling) compiles with -lineinfo, so Nsight Compute's source page maps SASS to
-csrc lines (benchmarks/ncu_moe.py).
+per (dtype, pattern, GPU architecture, FP8 values or not) holding every kernel a plan can choose
+(plan.compiled_kernels). CuPy caches the binaries on disk ($CUPY_CACHE_DIR, default ~/.cupy/kernel_cache) keyed by
+the source and the options; the options carry a hash of every file in csrc/, since CuPy hashes only the main file's
+text and not the headers it includes. SAMOYEDS_LINEINFO=1 (profiling) compiles with -lineinfo, so Nsight Compute's
+source page maps SASS to csrc lines (benchmarks/ncu_moe.py).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def _sources_hash() -> str:
 
 
 @functools.cache
-def module(dtype: torch.dtype, pattern: Pattern, arch: str):
-    """The compiled kernels of one dtype and pattern for one GPU architecture (compiled once per process, loaded
-    from CuPy's disk cache after the first time)."""
+def module(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False):
+    """The compiled kernels of one dtype and pattern for one GPU architecture, for values of dtype or FP8 values
+    (compiled once per process, loaded from CuPy's disk cache after the first time)."""
     try:
         import cupy
     except ImportError:
@@ -60,7 +60,9 @@ def module(dtype: torch.dtype, pattern: Pattern, arch: str):
     ) + (("-lineinfo",) if os.environ.get("SAMOYEDS_LINEINFO") else ())
     source = (_csrc() / MAIN_SOURCE).read_text()
     try:
-        compiled = cupy.RawModule(code=source, options=options, name_expressions=compiled_kernels(dtype, pattern, arch))
+        compiled = cupy.RawModule(
+            code=source, options=options, name_expressions=compiled_kernels(dtype, pattern, arch, fp8)
+        )
         compiled.compile()
     except cupy.cuda.compiler.CompileException as e:
         raise SamoyedsError(f"compiling csrc/{MAIN_SOURCE} for {arch} failed:\n{e}") from None
@@ -78,10 +80,10 @@ def _check_cuda_majors(cupy_major: int, torch_cuda: str | None) -> None:
 
 
 @functools.cache
-def kernel(dtype: torch.dtype, pattern: Pattern, arch: str, name: str, shared_bytes: int = 0):
+def kernel(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, name: str, shared_bytes: int = 0):
     """One kernel of the module, looked up once (the forward runs on every decode step), allowed `shared_bytes`
     of dynamic shared memory."""
-    function = module(dtype, pattern, arch).get_function(name)
+    function = module(dtype, pattern, arch, fp8).get_function(name)
     if shared_bytes:
         function.max_dynamic_shared_size_bytes = shared_bytes
     return function

@@ -41,10 +41,10 @@ def pattern_template_args(pattern: Pattern) -> tuple[bool, int]:
     return pattern.is_samoyeds, pattern.segment if pattern.is_samoyeds else BK
 
 
-def stage_bytes(token_tile: int, a_rows: int) -> int:
-    """sizeof(Stage<BN, A_ROWS>) of csrc/tiles.cuh: the B tile (BN x 128 inputs), the A tile (A_ROWS x 64 values) and
-    the metadata tile (A_ROWS x 8 halfwords), all 2-byte elements."""
-    return token_tile * BK * 2 + a_rows * (BK // 2) * 2 + a_rows * (BK // 16) * 2
+def stage_bytes(token_tile: int, a_rows: int, value_bytes: int = 2) -> int:
+    """sizeof(Stage<BN, A_ROWS, VALUE_BYTES>) of csrc/tiles.cuh: the B tile (BN x 128 2-byte inputs), the A tile
+    (A_ROWS x 64 values of value_bytes: 2, or 1 for FP8) and the metadata tile (A_ROWS x 8 halfwords)."""
+    return token_tile * BK * 2 + a_rows * (BK // 2) * value_bytes + a_rows * (BK // 16) * 2
 
 
 def template_name(kernel: str, *args) -> str:
@@ -92,14 +92,18 @@ class BlockShape:
     def stages(self, token_tile: int) -> int:
         return WS_STAGES[token_tile] if self.kind == "ws" else STAGES
 
-    def shared_bytes(self, token_tile: int) -> int:
+    def shared_bytes(self, token_tile: int, fp8: bool = False) -> int:
         """Dynamic shared memory: the pipeline's stages, plus 1 KB to align them (aligned_stages in tiles.cuh)."""
-        return self.stages(token_tile) * stage_bytes(token_tile, self.a_rows) + 1024
+        return self.stages(token_tile) * stage_bytes(token_tile, self.a_rows, 1 if fp8 else 2) + 1024
 
-    def kernel_name(self, dtype: torch.dtype, pattern: Pattern, token_tile: int, gate_up: bool) -> str:
+    def kernel_name(
+        self, dtype: torch.dtype, pattern: Pattern, token_tile: int, gate_up: bool, fp8: bool = False
+    ) -> str:
+        """dtype: the activations'; fp8: the values are FP8 (moe_gemm only)."""
         samoyeds, segment = pattern_template_args(pattern)
         if self.kind == "ws":
+            assert not fp8, "the ws kernel reads values of the activations' dtype"
             return template_name("moe_gemm_ws", dtype, samoyeds, segment, token_tile, gate_up)
         return template_name(
-            "moe_gemm", dtype, samoyeds, segment, token_tile, gate_up, self.warps, self.slabs, self.kind == "wgmma"
+            "moe_gemm", dtype, fp8, samoyeds, segment, token_tile, gate_up, self.warps, self.slabs, self.kind == "wgmma"
         )

@@ -35,7 +35,8 @@ def moe_experts(
     pattern: Pattern,
 ) -> torch.Tensor:
     """sum_k topk_weights * expert(x) on the GPU: x [T, H] bf16 / fp16, routing [T, k] (ids of experts on other
-    ranks outside [0, E)), packed weights in the kernels' layout (weights.prepare_weights)."""
+    ranks outside [0, E)), packed weights in the kernels' layout (weights.prepare_weights): values of x's dtype, or
+    FP8 values with their scales."""
     device = device_of(x.device)
     if device.capability < (8, 0):
         raise SamoyedsError(
@@ -47,7 +48,8 @@ def moe_experts(
     if num_experts > MAX_EXPERTS:
         raise SamoyedsError(f"the routing index handles at most {MAX_EXPERTS} experts per layer, not {num_experts}")
     shape = LayerShape(x.shape[0], topk_ids.shape[1], num_experts, x.shape[1], w2.values.shape[2] * 2)
-    plan = plan_moe(shape, pattern, x.dtype, device)
+    fp8 = w13.scale is not None
+    plan = plan_moe(shape, pattern, x.dtype, device, fp8)
     slots = shape.slots
 
     x = x.contiguous()
@@ -83,12 +85,12 @@ def moe_experts(
             token_tile=plan.token_tile,
             num_tiles=plan.num_tiles,
             chunks=plan.chunks,
-            w13=PackedExperts(ptr(w13.values), ptr(w13.meta), ptr(w13.rowsel), rows13),
+            w13=PackedExperts(ptr(w13.values), ptr(w13.meta), ptr(w13.rowsel), ptr(w13.scale), rows13),
             x=ptr(x),
             act=ptr(act),
             gate_up_partial=ptr(gate_up_partial),
             gate_up_splits=z1,
-            w2=PackedExperts(ptr(w2.values), ptr(w2.meta), ptr(w2.rowsel), rows2),
+            w2=PackedExperts(ptr(w2.values), ptr(w2.meta), ptr(w2.rowsel), ptr(w2.scale), rows2),
             y=ptr(y),
             down_splits=z2,
             out=ptr(out),
@@ -98,7 +100,7 @@ def moe_experts(
     import cupy
 
     def launch(name: str, grid: tuple, threads: int, shared_bytes: int = 0) -> None:
-        build.kernel(x.dtype, pattern, device.arch, name, shared_bytes)(
+        build.kernel(x.dtype, pattern, device.arch, fp8, name, shared_bytes)(
             grid, (threads,), (params,), shared_mem=shared_bytes
         )
 

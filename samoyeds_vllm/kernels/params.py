@@ -28,6 +28,7 @@ class PackedExperts:
     values: Ptr
     meta: Ptr
     rowsel: Ptr
+    scale: Ptr
     rows: int
 
 

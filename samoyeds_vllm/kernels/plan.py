@@ -161,9 +161,9 @@ def override_config(config: KernelConfig) -> Iterator[None]:
 # ------------------------------------------------------------------------------------------------ tuned tables
 
 
-def table_name(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device) -> str:
+def table_name(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, fp8: bool = False) -> str:
     """The file name of the tuned table for a layer shape on a GPU, in vLLM's style (`E=..,N=..,device_name=..`)."""
-    spec = "2of4" if not pattern.is_samoyeds else f"samoyeds{pattern.segment}"
+    spec = ("2of4" if not pattern.is_samoyeds else f"samoyeds{pattern.segment}") + ("-fp8" if fp8 else "")
     return (
         f"E={shape.num_experts},H={shape.hidden},I={shape.inter},top_k={shape.top_k},pattern={spec},"
         f"dtype={str(dtype).removeprefix('torch.')},device_name={device.name.replace(' ', '_')}.json"
@@ -185,10 +185,12 @@ def _read_table(name: str) -> dict[int, KernelConfig] | None:
     return None
 
 
-def tuned_config(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device) -> KernelConfig | None:
+def tuned_config(
+    shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, fp8: bool = False
+) -> KernelConfig | None:
     """The table entry of the nearest token count (as vLLM picks its fused-MoE configs), or None without a table
     or past its largest token count (a table tuned for decode says nothing about prefill)."""
-    table = _read_table(table_name(shape, pattern, dtype, device))
+    table = _read_table(table_name(shape, pattern, dtype, device, fp8))
     if not table or shape.tokens > max(table):
         return None
     return table[min(table, key=lambda t: abs(t - shape.tokens))]
@@ -210,34 +212,36 @@ def token_tile_heuristic(slots: int, num_experts: int, samoyeds: bool, widest: i
     return widest
 
 
-def token_tiles(samoyeds: bool, hopper: bool) -> tuple[int, ...]:
-    """Every token-tile width a module compiles kernels for."""
-    return (*NARROW_TILES, WIDE_BN) + ((WS_WIDE_BN,) if hopper and not samoyeds else ())
+def token_tiles(samoyeds: bool, hopper: bool, fp8: bool = False) -> tuple[int, ...]:
+    """Every token-tile width a module compiles kernels for (fp8: FP8 values, which the ws kernel does not read)."""
+    return (*NARROW_TILES, WIDE_BN) + ((WS_WIDE_BN,) if hopper and not samoyeds and not fp8 else ())
 
 
-def block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool) -> list[BlockShape]:
+def block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool, fp8: bool = False) -> list[BlockShape]:
     """The block shapes compiled for a token tile, preferred first. GEMM 2 stacks two slabs on wide batches so each
     B fragment feeds two MMAs, as in GEMM 1; decode keeps small 4-warp blocks, so more of them fill the GPU.
     The order is measured (H100, Qwen3 shape, T = 16384, µs of the whole layer; `benchmarks/tune_kernels.py
     --search blocks` times it again): ws 2049 against wgmma 2221-2331 (samoyeds), 3282 against 3425-3610 (2:4);
     among the wgmma shapes GEMM 1 4 warps 2836 against 8 warps 2896, GEMM 2 2 slabs 2896 against 1 slab 3569;
     mma.sp GEMM 2 2 slabs 3417 against 1 slab 4001, mma.sp GEMM 1 8 warps 3438 against 4 warps 3491 for samoyeds,
-    5214 against 5000 for 2:4."""
+    5214 against 5000 for 2:4. FP8 values run in moe_gemm only (mma.sp, and wgmma with registers A on Hopper)."""
     if token_tile < WIDE_BN:
         return [BlockShape("mma", 4, 2 if gate_up else 1)]
     if token_tile == WS_WIDE_BN:
         return [BlockShape("ws", 8, 2)]
     if hopper:  # the warp-specialised kernel where 128-row blocks divide the rows (not Qwen1.5's 704 gate rows)
         wgmma = [BlockShape("wgmma", 4, 2)] + ([] if gate_up else [BlockShape("wgmma", 4, 1)])
-        return [BlockShape("ws", 8, 2), *wgmma]
+        return wgmma if fp8 else [BlockShape("ws", 8, 2), *wgmma]
     if gate_up:
         return [BlockShape("mma", 8, 2), BlockShape("mma", 4, 2)] if samoyeds else [BlockShape("mma", 4, 2)]
     return [BlockShape("mma", 4, 2), BlockShape("mma", 4, 1)]
 
 
-def fitting_block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int) -> list[BlockShape]:
+def fitting_block_shapes(
+    token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int, fp8: bool = False
+) -> list[BlockShape]:
     """The compiled block shapes whose blocks divide the rows (gate/up: the rows of one half), preferred first."""
-    shapes = block_shapes(token_tile, gate_up, samoyeds, hopper)
+    shapes = block_shapes(token_tile, gate_up, samoyeds, hopper, fp8)
     return [shape for shape in shapes if rows % shape.rows(gate_up) == 0]
 
 
@@ -309,28 +313,32 @@ class MoEPlan:
     silu_grid: tuple[int, int, int]
 
 
-def plan_moe(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device) -> MoEPlan:
-    """The plan of a forward: `override_config`, else the tuned table, else the heuristics (cached per shape)."""
-    config = _override.get() or tuned_config(shape, pattern, dtype, device) or KernelConfig()
-    return _plan(shape, pattern, dtype, device, config)
+def plan_moe(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, fp8: bool = False) -> MoEPlan:
+    """The plan of a forward: `override_config`, else the tuned table, else the heuristics (cached per shape).
+    dtype: the activations'; fp8: the values are FP8 (else of dtype)."""
+    config = _override.get() or tuned_config(shape, pattern, dtype, device, fp8) or KernelConfig()
+    return _plan(shape, pattern, dtype, device, config, fp8)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, config: KernelConfig) -> MoEPlan:
+def _plan(
+    shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, config: KernelConfig, fp8: bool = False
+) -> MoEPlan:
     samoyeds, hopper = pattern.is_samoyeds, device.hopper
     rows13, rows2 = shape.packed_rows(pattern)
     slots = shape.slots
     if config.token_tile is not None:
-        if config.token_tile not in token_tiles(samoyeds, hopper):
+        if config.token_tile not in token_tiles(samoyeds, hopper, fp8):
             raise SamoyedsError(
                 f"kernel config: token tile {config.token_tile} is not compiled for {pattern} on {device.arch} "
-                f"(tiles: {token_tiles(samoyeds, hopper)})"
+                f"(tiles: {token_tiles(samoyeds, hopper, fp8)})"
             )
         token_tile = config.token_tile
     else:
         ws_wide = (
             hopper
             and not samoyeds  # the 128-token tiles' ws blocks divide the rows of both GEMMs
+            and not fp8
             and bool(fitting_block_shapes(WS_WIDE_BN, True, samoyeds, hopper, rows13 // 2))
             and bool(fitting_block_shapes(WS_WIDE_BN, False, samoyeds, hopper, rows2))
         )
@@ -339,7 +347,7 @@ def _plan(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Devic
 
     def gemm(gate_up: bool, gemm_config: GemmConfig) -> GemmPlan:
         rows, k = (rows13 // 2, shape.hidden) if gate_up else (rows2, shape.inter)
-        fitting = fitting_block_shapes(token_tile, gate_up, samoyeds, hopper, rows)
+        fitting = fitting_block_shapes(token_tile, gate_up, samoyeds, hopper, rows, fp8)
         what = "gate/up" if gate_up else "down"
         block = gemm_config.block
         if block is None:
@@ -369,10 +377,10 @@ def _plan(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Devic
             block,
             row_blocks,
             splits,
-            block.kernel_name(dtype, pattern, token_tile, gate_up),
+            block.kernel_name(dtype, pattern, token_tile, gate_up, fp8),
             grid,
             block.threads,
-            block.shared_bytes(token_tile),
+            block.shared_bytes(token_tile, fp8),
         )
 
     gate_up, down = gemm(True, config.gate_up), gemm(False, config.down)
@@ -391,15 +399,15 @@ def _plan(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Devic
     )
 
 
-def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str) -> list[str]:
-    """Every kernel of one compiled module (dtype, pattern, GPU architecture): the GEMMs of every token tile and
-    block shape a plan can choose, the routing index and the reductions."""
+def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False) -> list[str]:
+    """Every kernel of one compiled module (dtype, pattern, GPU architecture, FP8 values or not): the GEMMs of every
+    token tile and block shape a plan can choose, the routing index and the reductions."""
     samoyeds, hopper = pattern.is_samoyeds, arch == "sm_90a"
     names = [
-        block.kernel_name(dtype, pattern, bn, gate_up)
-        for bn in token_tiles(samoyeds, hopper)
+        block.kernel_name(dtype, pattern, bn, gate_up, fp8)
+        for bn in token_tiles(samoyeds, hopper, fp8)
         for gate_up in (True, False)
-        for block in block_shapes(bn, gate_up, samoyeds, hopper)
+        for block in block_shapes(bn, gate_up, samoyeds, hopper, fp8)
     ]
     names += [template_name(k) for k in ("build_routing_index", "count_slots", "scatter_slots")]
     names.append(template_name("silu_mul_splits", dtype))

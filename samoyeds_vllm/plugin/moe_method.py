@@ -7,14 +7,24 @@ from __future__ import annotations
 
 import torch
 from vllm.logger import init_logger
-from vllm.model_executor.layers.fused_moe import RoutedExperts
+from vllm.model_executor.layers.fused_moe import FusedMoeWeightScaleSupported, RoutedExperts
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.utils import set_weight_attrs
 
 from .. import kernels
 from ..errors import PatternError
-from ..format import SUFFIXES, PackedWeight, Pattern, check_packed, compress, prune
+from ..format import (
+    FP8_MAX,
+    SUFFIXES,
+    PackedWeight,
+    Pattern,
+    check_packed,
+    compress,
+    nonfinite_count,
+    prune,
+    quantize,
+)
 from . import ops
 from .routing import route
 
@@ -49,10 +59,11 @@ def _check_supported_routing(layer: RoutedExperts) -> None:
 class SamoyedsMoEMethod(FusedMoEMethodBase):
     """Routed experts with structured-sparse weights: packed parameters, routing and the sparse-MoE op."""
 
-    def __init__(self, pattern: Pattern, packed: bool, moe) -> None:
+    def __init__(self, pattern: Pattern, packed: bool, moe, values: torch.dtype | None = None) -> None:
         super().__init__(moe)
         self.pattern = pattern
         self.packed = packed  # the checkpoint holds packed tensors (else dense ones, packed after loading)
+        self.values = values  # quantized value type (FP8, with per-row scales), or None: the model's dtype
 
     @property
     def is_monolithic(self) -> bool:
@@ -105,10 +116,11 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
         dtype: torch.dtype,
         extra_weight_attrs: dict,
     ) -> None:
-        dtypes = {"values": dtype, "meta": torch.int16, "rowsel": torch.uint8}
-        fills = {"meta": _VALID_META_FILL, "rowsel": 0}
-        loader = _checked_loader(layer, self.pattern, extra_weight_attrs["weight_loader"])
-        for part, shape in self.pattern.packed_shapes(dense_shape, f"{layer.layer_name}.{name}_weight").items():
+        dtypes = {"values": self.values or dtype, "meta": torch.int16, "rowsel": torch.uint8, "scale": torch.float32}
+        fills = {"meta": _VALID_META_FILL, "rowsel": 0, "scale": 1.0}
+        loader = _checked_loader(layer, self.pattern, extra_weight_attrs["weight_loader"], self.values is not None)
+        label = f"{layer.layer_name}.{name}_weight"
+        for part, shape in self.pattern.packed_shapes(dense_shape, label, scaled=self.values is not None).items():
             tensor = (
                 torch.empty(shape, dtype=dtypes[part])
                 if part == "values"
@@ -116,21 +128,28 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
             )
             param = torch.nn.Parameter(tensor, requires_grad=False)
             layer.register_parameter(f"{name}_{SUFFIXES[part]}", param)
-            set_weight_attrs(param, {**extra_weight_attrs, "weight_loader": loader})
+            # vLLM's expert loader puts tensors named *scale* by this attribute: one value per output row
+            attrs = {"quant_method": FusedMoeWeightScaleSupported.CHANNEL.value} if part == "scale" else {}
+            set_weight_attrs(param, {**extra_weight_attrs, **attrs, "weight_loader": loader})
 
     def process_weights_after_loading(self, layer: RoutedExperts) -> None:
-        _check_all_loaded(layer, list(SUFFIXES) if self.packed else ["weight"], self.pattern)
+        parts = [p for p in SUFFIXES if p != "scale" or self.values is not None] if self.packed else ["weight"]
+        from_checkpoint = _check_all_loaded(layer, parts, self.pattern)
         for name in ("w13", "w2"):
             weight = getattr(layer, f"{name}_{SUFFIXES['values']}" if self.packed else f"{name}_weight")
-            if not bool(torch.isfinite(weight).all()):
+            if bad := nonfinite_count(weight.data):
                 raise ValueError(
                     f"{layer.layer_name}.{name}: the checkpoint's expert weights hold "
-                    f"{int((~torch.isfinite(weight)).sum())} non-finite values (NaN or Inf); the checkpoint is damaged"
+                    f"{bad} non-finite values (NaN or Inf); the checkpoint is damaged"
                 )
+            if self.packed and self.values is not None and not from_checkpoint:
+                _dummy_fp8(layer, name)
             if not self.packed:
                 dense = getattr(layer, f"{name}_weight")
                 label = f"{layer.layer_name}.{name}_weight"
                 packed = compress(prune(dense.data, self.pattern, name=label), self.pattern, name=label)
+                if self.values is not None:
+                    packed = quantize(packed, self.pattern, self.values)
                 delattr(layer, f"{name}_weight")
                 for part, tensor in packed._asdict().items():
                     if tensor is not None:
@@ -143,17 +162,23 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
                 self.dense_shapes[name],
                 name=f"{layer.layer_name}.{name}_weight",
             )
-            stored = kernels.prepare_weights(self._packed(layer, name))
-            if stored.rowsel is not None:  # the one conversion into the kernels' layout (the op checks it)
-                getattr(layer, f"{name}_{SUFFIXES['rowsel']}").data = stored.rowsel
         w13, w2 = self._packed(layer, "w13"), self._packed(layer, "w2")
-        if w13.values.is_cuda and not kernels.supports(w13.values.dtype, w13, w2):
+        dtype = layer.moe_config.in_dtype
+        if not w13.values.is_cuda:
+            return  # the reference implementation reads the checkpoint's layout
+        if not kernels.supports(dtype, w13, w2):
             logger.warning(
-                "%s: the samoyeds GPU kernels need bf16/fp16 weights in whole 64-row and 128-input "
-                "tiles; this layer runs the slow reference implementation, which also cannot be "
-                "captured in CUDA graphs (use --enforce-eager)",
+                "%s: the samoyeds GPU kernels need bf16/fp16 activations, values of their dtype or FP8, in whole "
+                "64-row and 128-input tiles; this layer runs the slow reference implementation, which also cannot "
+                "be captured in CUDA graphs (use --enforce-eager)",
                 layer.layer_name,
             )
+            return
+        for name in ("w13", "w2"):  # the one conversion into the kernels' layout (the op checks it)
+            stored = kernels.prepare_weights(self._packed(layer, name))
+            for part in ("values", "rowsel"):
+                if getattr(stored, part) is not None:
+                    getattr(layer, f"{name}_{SUFFIXES[part]}").data = getattr(stored, part)
 
     def _packed(self, layer: RoutedExperts, name: str) -> PackedWeight:
         return PackedWeight(*(getattr(layer, f"{name}_{SUFFIXES[part]}", None) for part in PackedWeight._fields))
@@ -175,10 +200,10 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
         return ops.moe_experts(x, topk_weights, topk_ids, w13, w2, self.pattern)
 
 
-def _checked_loader(layer: RoutedExperts, pattern: Pattern | None, load):
+def _checked_loader(layer: RoutedExperts, pattern: Pattern | None, load, scaled: bool = False):
     """Wraps vLLM's expert weight loader: checks packed tensors' shape and dtype (naming the tensor and the expert)
     and records which (part, shard, local expert) arrived, so that a missing one is an error at the end. `pattern`
-    None: a dense checkpoint (sparsify-on-load), recorded only."""
+    None: a dense checkpoint (sparsify-on-load), recorded only; `scaled`: quantized values with scales."""
     hidden, inter = layer.moe_config.hidden_dim, layer.moe_config.intermediate_size
     dense = {"w1": (inter, hidden), "w3": (inter, hidden), "w2": (hidden, inter)}
     if not hasattr(layer, "_samoyeds_loaded"):
@@ -187,7 +212,13 @@ def _checked_loader(layer: RoutedExperts, pattern: Pattern | None, load):
     def loader(param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
         part = next((p for p, suffix in SUFFIXES.items() if weight_name.endswith(suffix)), "weight")
         if pattern is not None:
-            expected = pattern.packed_shapes(dense[shard_id], weight_name)[part]
+            shapes = pattern.packed_shapes(dense[shard_id], weight_name, scaled=scaled)
+            if part not in shapes:
+                raise ValueError(
+                    f"{weight_name} (expert {expert_id}, {shard_id}): the checkpoint has a {part} tensor, which its "
+                    f"quantization_config does not name (pattern {pattern}, {'' if scaled else 'un'}quantized values)"
+                )
+            expected = shapes[part]
             if tuple(loaded_weight.shape) != expected:
                 raise ValueError(
                     f"{weight_name} (expert {expert_id}, {shard_id}): checkpoint tensor has shape "
@@ -206,13 +237,13 @@ def _checked_loader(layer: RoutedExperts, pattern: Pattern | None, load):
     return loader
 
 
-def _check_all_loaded(layer: RoutedExperts, parts: list[str], pattern: Pattern) -> None:
+def _check_all_loaded(layer: RoutedExperts, parts: list[str], pattern: Pattern) -> bool:
     """Every local expert's every projection (and packed part) came from the checkpoint: vLLM checks parameters,
     not the experts inside them, so a checkpoint missing one expert tensor would otherwise run on garbage. Nothing
-    recorded means nothing was read through the loaders (load_format=dummy): nothing to check."""
+    recorded means nothing was read through the loaders (load_format=dummy): nothing to check, and False."""
     loaded = getattr(layer, "_samoyeds_loaded", set())
     if not loaded:
-        return
+        return False
     parts = [p for p in parts if p != "rowsel" or pattern.is_samoyeds]
     missing = [
         (part, shard, expert)
@@ -228,3 +259,15 @@ def _check_all_loaded(layer: RoutedExperts, parts: list[str], pattern: Pattern) 
         more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
         raise ValueError(f"{layer.layer_name}: the checkpoint has no tensor for {shown}{more}")
     del layer._samoyeds_loaded
+    return True
+
+
+def _dummy_fp8(layer: RoutedExperts, name: str) -> None:
+    """load_format=dummy filled the FP8 values and scales like every weight, uniform in +-1e-3 (values mostly
+    zero in e4m3, scales negative): give the values e4m3's range instead and the scales 1e-3 / FP8_MAX, so the
+    experts' weights have the magnitudes of the model's other dummy weights."""
+    values = getattr(layer, f"{name}_{SUFFIXES['values']}")
+    generator = torch.Generator(device=values.device).manual_seed(1234)
+    uniform = torch.empty(values.shape, dtype=torch.float16, device=values.device)
+    values.data.copy_(uniform.uniform_(-FP8_MAX, FP8_MAX, generator=generator).to(values.dtype))
+    getattr(layer, f"{name}_{SUFFIXES['scale']}").data.fill_(1e-3 / FP8_MAX)

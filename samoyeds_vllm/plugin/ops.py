@@ -46,13 +46,16 @@ def _moe_experts_op(
     w13_values: torch.Tensor,  # [E, rows(2I), H/2]   gate rows then up rows, packed
     w13_meta: torch.Tensor,  # [E, rows(2I), H/16]
     w13_rowsel: torch.Tensor | None,  # [E, I, H/V] samoyeds only
+    w13_scale: torch.Tensor | None,  # [E, 2I] FP8 values only: fp32 scale of each output row
     w2_values: torch.Tensor,  # [E, rows(H), I/2]
     w2_meta: torch.Tensor,  # [E, rows(H), I/16]
     w2_rowsel: torch.Tensor | None,  # [E, H/2, I/V] samoyeds only
+    w2_scale: torch.Tensor | None,  # [E, H] FP8 values only
     pattern: str,  # Pattern.name
     segment: int | None,  # Pattern.segment
 ) -> torch.Tensor:
-    w13, w2 = PackedWeight(w13_values, w13_meta, w13_rowsel), PackedWeight(w2_values, w2_meta, w2_rowsel)
+    w13 = PackedWeight(w13_values, w13_meta, w13_rowsel, w13_scale)
+    w2 = PackedWeight(w2_values, w2_meta, w2_rowsel, w2_scale)
     return _unpacked_reference(x, topk_weights, topk_ids, w13, w2, _pattern(pattern, segment))
 
 
@@ -89,15 +92,45 @@ def moe_reference(
 
 
 @_moe_experts_op.register_fake
-def _(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2_meta, w2_rowsel, pattern, segment):
+def _(
+    x,
+    topk_weights,
+    topk_ids,
+    w13_values,
+    w13_meta,
+    w13_rowsel,
+    w13_scale,
+    w2_values,
+    w2_meta,
+    w2_rowsel,
+    w2_scale,
+    pattern,
+    segment,
+):
     return torch.empty_like(x)
 
 
 @_moe_experts_op.register_kernel("cuda")
-def _(x, topk_weights, topk_ids, w13_values, w13_meta, w13_rowsel, w2_values, w2_meta, w2_rowsel, pattern, segment):
-    w13, w2 = PackedWeight(w13_values, w13_meta, w13_rowsel), PackedWeight(w2_values, w2_meta, w2_rowsel)
+def _(
+    x,
+    topk_weights,
+    topk_ids,
+    w13_values,
+    w13_meta,
+    w13_rowsel,
+    w13_scale,
+    w2_values,
+    w2_meta,
+    w2_rowsel,
+    w2_scale,
+    pattern,
+    segment,
+):
+    w13 = PackedWeight(w13_values, w13_meta, w13_rowsel, w13_scale)
+    w2 = PackedWeight(w2_values, w2_meta, w2_rowsel, w2_scale)
     pattern_ = _pattern(pattern, segment)
     if kernels.supports(x.dtype, w13, w2) and not os.environ.get("SAMOYEDS_FORCE_REFERENCE"):
         return kernels.moe_experts(x, topk_weights, topk_ids, w13, w2, pattern_)
-    # float32, shapes off the kernels' tiles, or asked for (debugging)
+    # float32, shapes off the kernels' tiles, or asked for (debugging): the checkpoint's layout again
+    w13, w2 = kernels.checkpoint_layout(w13), kernels.checkpoint_layout(w2)
     return _unpacked_reference(x, topk_weights, topk_ids, w13, w2, pattern_)

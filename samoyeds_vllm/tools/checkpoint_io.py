@@ -57,6 +57,18 @@ def read_config(model_dir: Path) -> dict:
     return config
 
 
+#: Model dtypes by their config.json names.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_of(config: dict) -> torch.dtype:
+    """The model's dtype as config.json names it (`torch_dtype`, or transformers 5's `dtype`); bfloat16 if absent."""
+    name = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    if name not in DTYPES:
+        raise CheckpointError(f"config.json: dtype {name!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
 class CheckpointReader:
     """The safetensors weights of a model directory. Opening checks every shard's header and size, so a
     truncated or corrupted file is reported before any work starts."""

@@ -1,7 +1,10 @@
 """Convert a dense Hugging Face MoE checkpoint into a samoyeds sparse one.
 
-Routed-expert weights are pruned onto the pattern and packed (samoyeds_vllm.format); every other tensor is copied
-unchanged; config.json gains a `quantization_config` that tells vLLM to load it with the `samoyeds` method.
+Routed-expert weights are pruned onto the pattern and packed (samoyeds_vllm.format), their kept values quantized to
+FP8 when asked; every other tensor is copied unchanged; config.json gains a `quantization_config` that tells vLLM to
+load it with the `samoyeds` method. A block-quantized FP8 input (DeepSeek-V3, Qwen3-*-FP8) is read dequantized
+(tools/fp8_blocks.py): its experts are pruned from the weights it stands for, its other weights written in the
+model's dtype.
 Everything is checked before anything is written, tensors stream one at a time, and the output appears only
 when complete.
 """
@@ -20,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from ..errors import CheckpointError, SamoyedsError
-from ..format import QUANT_METHOD, Pattern, compress, prune, quantization_config
+from ..format import QUANT_METHOD, Pattern, compress, decompress, prune, quantization_config, quantize
 from .architectures import Architecture, architecture_of
 from .calibration import Calibration, LayerResult, prune_layers
 from .checkpoint_io import (
@@ -29,9 +32,11 @@ from .checkpoint_io import (
     CheckpointReader,
     ShardedWriter,
     check_output_dir,
+    dtype_of,
     read_config,
     staged_dirs,
 )
+from .fp8_blocks import Fp8BlockReader, block_size
 from .pruning import CALIBRATED, METHODS
 
 REPORT_NAME = "samoyeds_report.json"
@@ -45,14 +50,22 @@ class LayerStats:
     nonzeros: int = 0
     dense_sq: float = 0.0
     error_sq: float = 0.0
+    pruned_sq: float = 0.0
+    quantization_error_sq: float | None = None  # ||stored - pruned||^2 with quantized values
     calibration: LayerResult | None = None
 
-    def add(self, dense: torch.Tensor, pruned: torch.Tensor) -> None:
-        d = dense.double()
+    def add(self, dense: torch.Tensor, pruned: torch.Tensor, stored: torch.Tensor | None = None) -> None:
+        """stored: the weight the checkpoint holds when it differs from `pruned` (dequantized values)."""
+        d, p = dense.double(), pruned.double()
         self.params += dense.numel()
         self.nonzeros += int((pruned != 0).sum())
         self.dense_sq += float(d.square().sum())
-        self.error_sq += float((d - pruned.double()).square().sum())
+        self.pruned_sq += float(p.square().sum())
+        self.error_sq += float((d - (p if stored is None else stored.double())).square().sum())
+        if stored is not None:
+            self.quantization_error_sq = (self.quantization_error_sq or 0.0) + float(
+                (stored.double() - p).square().sum()
+            )
 
     @property
     def sparsity(self) -> float:
@@ -60,10 +73,20 @@ class LayerStats:
 
     @property
     def relative_error(self) -> float:
+        """Of the stored weights against the dense ones: pruning, and quantization where values are quantized."""
         return math.sqrt(self.error_sq / self.dense_sq) if self.dense_sq else 0.0
+
+    @property
+    def quantization_error(self) -> float | None:
+        """Of the quantized values against the pruned weights they store, None without quantization."""
+        if self.quantization_error_sq is None:
+            return None
+        return math.sqrt(self.quantization_error_sq / self.pruned_sq) if self.pruned_sq else 0.0
 
     def to_json(self) -> dict:
         out = {"sparsity": self.sparsity, "relative_error": self.relative_error, "params": self.params}
+        if self.quantization_error is not None:
+            out["quantization_error"] = self.quantization_error
         if c := self.calibration:
             tokens = sorted(c.tokens_per_expert)
             out["calibration"] = {
@@ -79,6 +102,7 @@ class LayerStats:
 class ConversionReport:
     pattern: Pattern
     method: str
+    values: torch.dtype | None = None
     calibration: Calibration | None = None
     layers: dict[int, LayerStats] = field(default_factory=dict)
     dense_bytes: int = 0
@@ -100,6 +124,7 @@ class ConversionReport:
         out = {
             "pattern": self.pattern.to_config(),
             "method": self.method,
+            "values": str(self.values).removeprefix("torch.") if self.values else None,
             "expert_weight_bytes": {"dense": self.dense_bytes, "sparse": self.sparse_bytes},
             "layers": {str(i): s.to_json() for i, s in sorted(self.layers.items())},
         }
@@ -114,12 +139,16 @@ class ConversionReport:
 
     def table(self) -> str:
         with_output_error = any(s.calibration and s.calibration.output_error for s in self.layers.values())
+        quantized = self.values is not None
         lines = [
             f"{'layer':>5}  {'sparsity':>8}  {'rel. error':>10}"
+            + ("  quant. error" if quantized else "")
             + ("  out. error w13 / w2" if with_output_error else "")
         ]
         for i, s in sorted(self.layers.items()):
             line = f"{i:>5}  {s.sparsity:>8.2%}  {s.relative_error:>10.4f}"
+            if quantized:
+                line += f"  {s.quantization_error:>12.4f}"
             if with_output_error and s.calibration and s.calibration.output_error:
                 e = s.calibration.output_error
                 line += f"  {e['w13']:>14.4f} / {e['w2']:.4f}"
@@ -137,19 +166,28 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader]:
+def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader | Fp8BlockReader]:
+    """The input's config (without the quantization_config of an FP8 block-quantized input), architecture and a
+    reader of its dense weights."""
     config = read_config(in_dir)
     quant = config.get("quantization_config")
-    if quant:
+    block = block_size(quant) if quant else None
+    if quant and block is None:
         method = quant.get("quant_method") if isinstance(quant, dict) else quant
         if method == QUANT_METHOD:
             raise CheckpointError(
                 f"{in_dir} is already a samoyeds sparse checkpoint (pattern "
                 f"{quant.get('pattern')}); convert needs the dense original"
             )
-        raise CheckpointError(f"{in_dir} is quantized with {method!r}; convert needs a dense checkpoint")
+        raise CheckpointError(
+            f"{in_dir} is quantized with {method!r}; convert needs a dense or an FP8 block-quantized checkpoint"
+        )
     arch = architecture_of(config)
-    return config, arch, CheckpointReader(in_dir)
+    reader = CheckpointReader(in_dir)
+    if block is None:
+        return config, arch, reader
+    config = {k: v for k, v in config.items() if k != "quantization_config"}
+    return config, arch, Fp8BlockReader(reader, block, dtype_of(config))
 
 
 def convert(
@@ -162,6 +200,7 @@ def convert(
     export_dense: Path | None = None,
     calibration: Calibration | None = None,
     recovery: dict | None = None,
+    values: torch.dtype | None = None,
     allow_nonfinite: bool = False,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: bool = True,
@@ -169,8 +208,9 @@ def convert(
     """Write the sparse checkpoint of `in_dir` to `out_dir` (and the pruned weights as a dense checkpoint
     to `export_dense`, if given). `calibration` is required by the calibrated methods (wanda, sparsegpt), which
     prune layer by layer (tools/calibration.py). `recovery` records, in quantization_config, that the input is a
-    recovered model (tools/recover.py) whose weights already satisfy the pattern. Raises SamoyedsError, leaving no
-    output, on bad input."""
+    recovered model (tools/recover.py) whose weights already satisfy the pattern. `values` (format.FP8) quantizes the
+    kept values, one scale per output row (format version 2). Raises SamoyedsError, leaving no output, on bad
+    input."""
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     if method not in METHODS:
         raise SamoyedsError(f"unknown pruning method {method!r}; choose one of {', '.join(METHODS)}")
@@ -202,19 +242,23 @@ def convert(
         )
 
     start = time.perf_counter()
-    report = ConversionReport(pattern, method, calibration if windows else None)
+    report = ConversionReport(pattern, method, values, calibration if windows else None)
     with staged_dirs(*outputs, replace=force) as staged:
         writers = [ShardedWriter(d, max_shard_bytes) for d in staged]
 
         def write_expert(name: str, dense: torch.Tensor, pruned: torch.Tensor) -> None:
             packed = compress(pruned, pattern, name=name)
+            stored = None
+            if values is not None:
+                packed = quantize(packed, pattern, values)
+                stored = decompress(packed, pattern)
             for packed_name, packed_tensor in packed.named(name.removesuffix(".weight")).items():
                 writers[0].add(packed_name, packed_tensor)
                 report.sparse_bytes += packed_tensor.numel() * packed_tensor.element_size()
             report.dense_bytes += dense.numel() * dense.element_size()
-            report.layers.setdefault(int(expert_re.match(name)["layer"]), LayerStats()).add(dense, pruned)
-            if export_dense:
-                writers[1].add(name, pruned)
+            report.layers.setdefault(int(expert_re.match(name)["layer"]), LayerStats()).add(dense, pruned, stored)
+            if export_dense:  # what the sparse checkpoint stands for: the pruned weights, dequantized if quantized
+                writers[1].add(name, pruned if stored is None else stored.to(pruned.dtype))
 
         for name in tqdm(reader.names(), desc="converting", unit="tensor", disable=not progress):
             tensor = reader.get(name)
@@ -242,7 +286,7 @@ def convert(
         report.seconds = time.perf_counter() - start
         report.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         report.peak_gpu_bytes = torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else 0
-        quant = quantization_config(pattern, arch.sparse_module_globs(), method)
+        quant = quantization_config(pattern, arch.sparse_module_globs(), method, values)
         if recovery:  # a recovered model: its masks came from recovery["from"], then its kept weights trained
             quant |= {"pruning_method": recovery["from"], "recovery": recovery}
         sparse_config = dict(config, quantization_config=quant)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +21,10 @@ from tqdm import tqdm
 from ..errors import SamoyedsError
 from ..format import Pattern, quantization_config
 from .architectures import ARCHITECTURES, DOWN, architecture_of
-from .checkpoint_io import DEFAULT_MAX_SHARD_BYTES, ShardedWriter, check_output_dir, staged_dirs
+from .checkpoint_io import DEFAULT_MAX_SHARD_BYTES, DTYPES, ShardedWriter, check_output_dir, staged_dirs
+from .fp8_blocks import SCALE_SUFFIX, block_size, fp8_block_config, quantize_blocks
 from .presets import load_preset, preset_family
 from .tokenizer import build_tokenizer
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 TensorSpec = tuple[str, tuple[int, ...]]
 
@@ -144,10 +144,22 @@ def _random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, genera
     return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=generator).to(dtype)
 
 
+#: The weights an FP8 block-quantized checkpoint stores in FP8: attention, expert and MLP projections (Qwen3-FP8
+#: and DeepSeek-V3 keep embeddings, norms, routers and the LM head in bf16).
+_FP8_WEIGHT = re.compile(r".*(_proj|\.w[123])\.weight$")
+
+
+def _not_fp8_modules(hf_config: dict) -> list[str]:
+    """modules_to_not_convert of an FP8 block config: the linear layers that stay unquantized (routers, LM head)."""
+    names = [name.removesuffix(".weight") for name, shape in weight_specs(hf_config) if len(shape) == 2]
+    return [n for n in names if not _FP8_WEIGHT.match(n + ".weight") and not n.endswith("embed_tokens")]
+
+
 def write_weights(
     model_dir: Path, hf_config: dict, seed: int = 0, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
 ) -> None:
-    """Write random weights for `hf_config` (in its torch_dtype) into `model_dir`, one shard in memory at a time."""
+    """Write random weights for `hf_config` (in its torch_dtype) into `model_dir`, one shard in memory at a time;
+    an FP8 block quantization_config quantizes the projections (weight and weight_scale_inv)."""
     if max_shard_bytes <= 0:
         raise SamoyedsError(f"max_shard_bytes must be positive, not {max_shard_bytes}")
     specs = weight_specs(hf_config)
@@ -155,11 +167,15 @@ def write_weights(
     total_bytes = sum(math.prod(shape) for _, shape in specs) * torch.empty((), dtype=dtype).element_size()
     writer = ShardedWriter(model_dir, max_shard_bytes)
     generator = torch.Generator().manual_seed(seed)
+    block = block_size(hf_config.get("quantization_config"))
     with tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="random weights") as progress:
         for name, shape in specs:
             tensor = _random_tensor(name, shape, dtype, generator)
-            writer.add(name, tensor)
             progress.update(tensor.nbytes)
+            if block and _FP8_WEIGHT.match(name):
+                tensor, scale_inv = quantize_blocks(tensor, block)
+                writer.add(name + SCALE_SUFFIX, scale_inv)
+            writer.add(name, tensor)
     writer.close()
 
 
@@ -178,12 +194,16 @@ def make_model(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     sparse: Pattern | None = None,
     layers: int | None = None,
+    sparse_values: torch.dtype | None = None,
+    fp8_block: bool = False,
 ) -> Path:
     """Write a model folder (config.json, generation_config.json, tokenizer, random safetensors weights) to out_dir.
 
     `layers` keeps only the first N decoder layers of the preset (a real layer shape at a fraction of the size).
     `sparse` (config only) marks the config as a packed samoyeds checkpoint of that pattern, so that vLLM with
-    load_format="dummy" allocates only the packed expert weights: models too large for the GPU when dense load.
+    load_format="dummy" allocates only the packed expert weights: models too large for the GPU when dense load;
+    `sparse_values` (FP8) marks those values quantized. `fp8_block` writes a checkpoint quantized like Qwen3-*-FP8
+    (128 x 128 blocks, tools/fp8_blocks.py), with weights or config only (what vLLM's dense FP8 MoE runs).
 
     Everything is written into a hidden sibling folder that is renamed to out_dir at the end, so a failed or
     interrupted run leaves no out_dir (and, with force, the previous one untouched). Returns out_dir.
@@ -205,12 +225,18 @@ def make_model(
                 "--sparse describes packed weights for load_format=dummy: use it with --config-only "
                 "(to sparsify real weights, make the model dense and run `samoyeds-vllm convert`)"
             )
+        if fp8_block:
+            raise SamoyedsError("--sparse and --fp8-block exclude each other (--values fp8 quantizes sparse values)")
         globs = architecture_of(hf_config).sparse_module_globs()
-        hf_config["quantization_config"] = quantization_config(sparse, globs, "dummy")
+        hf_config["quantization_config"] = quantization_config(sparse, globs, "dummy", sparse_values)
+    elif sparse_values is not None:
+        raise SamoyedsError("quantized sparse values (--values) describe a --sparse checkpoint")
     if dtype is not None:
         if dtype not in DTYPES:
             raise SamoyedsError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
         hf_config["torch_dtype"] = dtype
+    if fp8_block:
+        hf_config["quantization_config"] = fp8_block_config(_not_fp8_modules(hf_config))
     check_output_dir(out_dir, force)
     with staged_dirs(out_dir, replace=force) as (work_dir,):
         token_ids = build_tokenizer(work_dir, hf_config["vocab_size"])
@@ -230,7 +256,23 @@ def make_model(
     return out_dir
 
 
-def preset_model(preset: str, out_dir: Path, sparse: Pattern | None = None) -> Path:
-    """A config-only model of a preset for load_format="dummy", replacing out_dir: as vLLM serves it dense, or
-    marked as a packed `sparse` checkpoint (what the end-to-end benchmarks and the decode profile run)."""
-    return make_model(preset_family(preset), preset, out_dir, config_only=True, force=True, sparse=sparse)
+def preset_model(
+    preset: str,
+    out_dir: Path,
+    sparse: Pattern | None = None,
+    sparse_values: torch.dtype | None = None,
+    fp8_block: bool = False,
+) -> Path:
+    """A config-only model of a preset for load_format="dummy", replacing out_dir: as vLLM serves it dense (FP8
+    block-quantized with fp8_block), or marked as a packed `sparse` checkpoint, its values quantized with
+    sparse_values (what the end-to-end benchmarks and the decode profile run)."""
+    return make_model(
+        preset_family(preset),
+        preset,
+        out_dir,
+        config_only=True,
+        force=True,
+        sparse=sparse,
+        sparse_values=sparse_values,
+        fp8_block=fp8_block,
+    )

@@ -2,7 +2,8 @@
 kernels on and what `bench moe` times (the layer-level counterpart of the model maker).
 
 A problem holds dense expert weights ~ N(0, 1/fan_in) (pruned onto the pattern when one is given, and then also
-packed as the plugin stores them after loading), activations ~ N(0, 1) and a routing of one of a few kinds.
+packed as the plugin stores them after loading, with FP8 values when asked: the dense weights are then the
+dequantized ones, float32), activations ~ N(0, 1) and a routing of one of a few kinds.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import kernels
-from ..format import PackedWeight, Pattern, compress, prune
+from ..format import PackedWeight, Pattern, compress, decompress, prune, quantize
 from ..plugin.ops import moe_experts, moe_reference
 from ..plugin.routing import route
 from .architectures import MoEShape
@@ -25,7 +26,7 @@ class MoEProblem:
     x: torch.Tensor  # [T, H]
     topk_weights: torch.Tensor  # [T, k]
     topk_ids: torch.Tensor  # [T, k]
-    w13: torch.Tensor  # [E, 2I, H] dense weights (pruned onto `pattern` when it is set)
+    w13: torch.Tensor  # [E, 2I, H] dense weights (pruned onto `pattern` when it is set; dequantized FP8 values)
     w2: torch.Tensor  # [E, H, I]
     pattern: Pattern | None
     packed13: PackedWeight | None  # w13 and w2 packed in the kernels' layout (kernels.prepare_weights)
@@ -55,9 +56,11 @@ def make_problem(
     routing: str = "balanced",
     seed: int = 0,
     device: str = "cuda",
+    values: torch.dtype | None = None,
 ) -> MoEProblem:
     """A random problem; `pattern` None keeps the weights dense (the dense peer of the same problem: the same seed
-    gives the same activations and routing)."""
+    gives the same activations, routing and, before quantization, weights); `values` FP8 quantizes the kept values
+    (format.quantize)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     e, h, i = shape.num_experts, shape.hidden, shape.intermediate
     w13 = (torch.randn(e, 2 * i, h, generator=gen, device=device) * h**-0.5).to(dtype)
@@ -65,7 +68,11 @@ def make_problem(
     packed13 = packed2 = None
     if pattern is not None:
         w13, w2 = prune(w13, pattern), prune(w2, pattern)
-        packed13, packed2 = (kernels.prepare_weights(compress(w, pattern)) for w in (w13, w2))
+        packed13, packed2 = (compress(w, pattern) for w in (w13, w2))
+        if values is not None:
+            packed13, packed2 = (quantize(p, pattern, values) for p in (packed13, packed2))
+            w13, w2 = (decompress(p, pattern) for p in (packed13, packed2))
+        packed13, packed2 = (kernels.prepare_weights(p) for p in (packed13, packed2))
     x = torch.randn(tokens, h, generator=gen, device=device).to(dtype)
     weights, ids = random_routing(tokens, shape, routing, gen, device)
     return MoEProblem(x, weights, ids, w13, w2, pattern, packed13, packed2)

@@ -10,7 +10,7 @@ import torch
 
 from samoyeds_vllm import kernels
 from samoyeds_vllm.errors import SamoyedsError
-from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.format import FP8, Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape
 from samoyeds_vllm.kernels.plan import block_shapes, device_of
 from samoyeds_vllm.tools.moe_problem import make_problem, reference, relative_error, run_sparse
@@ -21,8 +21,8 @@ PATTERNS = {"samoyeds": Pattern.parse("samoyeds"), "2:4": Pattern.parse("2:4")}
 BF16_TOLERANCE = 1e-2  # bf16 operands and a bf16 intermediate, fp32 accumulation (METHOD.md: 1e-3 .. 1e-2)
 
 
-def check(shape, pattern, tokens, routing="balanced", dtype=torch.bfloat16, seed=0):
-    problem = make_problem(shape, pattern, tokens, dtype, routing=routing, seed=seed)
+def check(shape, pattern, tokens, routing="balanced", dtype=torch.bfloat16, seed=0, values=None):
+    problem = make_problem(shape, pattern, tokens, dtype, routing=routing, seed=seed, values=values)
     out = run_sparse(problem)
     torch.cuda.synchronize()
     err = relative_error(out, reference(problem))
@@ -124,3 +124,54 @@ def test_fresh_inputs_every_run():
     shape, pattern = preset_shape("qwen1.5-moe-a2.7b"), PATTERNS["samoyeds"]
     for seed in range(3):
         check(shape, pattern, 33, seed=seed)
+
+
+# ---------------------------------------------------------------------------------------------- FP8 values
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("tokens", [1, 7, 64, 300, 4096])
+@pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"])
+def test_fp8_values(shape, tokens, pattern):
+    """FP8 values against the fp32 product of their dequantized weights: the kernels' own error only."""
+    check(preset_shape(shape), PATTERNS[pattern], tokens, seed=tokens, values=FP8)
+
+
+@pytest.mark.parametrize("tokens", [100, 1024])
+@pytest.mark.parametrize("segment", [32, 64])
+def test_fp8_values_other_segments_and_fp16(segment, tokens):
+    check(
+        preset_shape("olmoe-1b-7b"), Pattern.parse("samoyeds", segment), tokens, dtype=torch.float16, seed=2, values=FP8
+    )
+
+
+@pytest.mark.parametrize("splits", [(2, 3), (8, 6)])
+def test_fp8_values_split_k(splits):
+    shape, pattern = preset_shape("mixtral-8x7b"), PATTERNS["samoyeds"]
+    problem = make_problem(shape, pattern, 4, seed=7, values=FP8)
+    config = KernelConfig(gate_up=GemmConfig(splits=splits[0]), down=GemmConfig(splits=splits[1]))
+    with kernels.override_config(config):
+        err = relative_error(run_sparse(problem), reference(problem))
+    assert err < BF16_TOLERANCE, f"splits {splits}: relative error {err}"
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_fp8_values_before_hopper(pattern, monkeypatch):
+    major, minor = torch.cuda.get_device_capability()
+    monkeypatch.setenv("SAMOYEDS_KERNEL_ARCH", f"sm_{major}{minor}")
+    check(preset_shape("qwen3-30b-a3b"), PATTERNS[pattern], 2048, seed=3, values=FP8)
+
+
+def test_fp8_values_close_to_their_unquantized_layer():
+    """Quantization error of the whole layer: FP8 values against the same pruned weights in bf16."""
+    shape, pattern = preset_shape("qwen3-30b-a3b"), PATTERNS["samoyeds"]
+    fp8 = make_problem(shape, pattern, 256, seed=9, values=FP8)
+    bf16 = make_problem(shape, pattern, 256, seed=9)
+    assert relative_error(run_sparse(fp8), reference(bf16)) < 0.05
+
+
+def test_fp8_values_in_the_checkpoint_order_are_refused():
+    problem = make_problem(preset_shape("olmoe-1b-7b"), PATTERNS["2:4"], 8, seed=8, values=FP8)
+    problem.packed13 = kernels.checkpoint_layout(problem.packed13)
+    with pytest.raises(SamoyedsError, match="float8 in the checkpoint's order"):
+        run_sparse(problem)

@@ -202,3 +202,57 @@ def test_tensor_parallel_size_that_cuts_segments_is_refused(tmp_path):
         model, "--load-format", "dummy", "--tensor-parallel-size", "2", expect_ok=False, env=TWO_WORKERS
     )
     assert "Tensor parallel size 2 splits the expert intermediate size 128 into 64-wide shards" in log
+
+
+# ---------------------------------------------------------------------------------------------- FP8 values
+
+
+@pytest.fixture(scope="module")
+def fp8_converted(tmp_path_factory):
+    """A tiny Qwen3-MoE block-quantized like Qwen3-*-FP8, converted to samoyeds with FP8 values, and the dense
+    export of the weights it stores (dequantized)."""
+    from samoyeds_vllm.format import FP8
+    from samoyeds_vllm.tools.model_maker import make_model
+
+    root = tmp_path_factory.mktemp("fp8")
+    dense = make_model("qwen3_moe", "tiny", root / "fp8-block", seed=0, fp8_block=True)
+    sparse, stored = root / "sparse-fp8", root / "stored"
+    convert(dense, sparse, Pattern.parse("samoyeds"), values=FP8, export_dense=stored, progress=False)
+    return dense, sparse, stored
+
+
+def test_fp8_values_from_an_fp8_checkpoint_match_transformers(fp8_converted):
+    _, sparse, stored = fp8_converted
+    assert json.loads((sparse / "config.json").read_text())["quantization_config"]["format_version"] == 2
+    tokens, log = run_engine(sparse)
+    assert "quantization=samoyeds" in log
+    assert tokens == hf_greedy_tokens(stored, PROMPTS, MAX_TOKENS)
+
+
+def test_fp8_values_damaged_scales_are_refused(fp8_converted, tmp_path):
+    _, sparse, _ = fp8_converted
+
+    def zero_scale(tensors, config):
+        tensors["model.layers.1.mlp.experts.4.up_proj.weight_scale"][7] = 0.0
+
+    _, log = run_engine(rewrite_checkpoint(sparse, tmp_path / "zero-scale", zero_scale), expect_ok=False)
+    assert "model.layers.1.mlp.experts.w13_weight: 1 scales are not finite and positive (first: 0.0)" in log
+
+    def drop_scale(tensors, config):
+        del tensors["model.layers.0.mlp.experts.2.down_proj.weight_scale"]
+
+    _, log = run_engine(rewrite_checkpoint(sparse, tmp_path / "no-scale", drop_scale), expect_ok=False)
+    assert "model.layers.0.mlp.experts: the checkpoint has no tensor for expert 2 w2 (weight_scale)" in log
+
+
+def test_fp8_values_on_load_match_converting_first(tiny_models, tmp_path):
+    """Sparsify on load with FP8 values asked through --hf-overrides: the same tokens as converting first (the same
+    magnitude pruning, the same quantization)."""
+    from samoyeds_vllm.format import FP8
+
+    sparse = tmp_path / "qwen3-fp8"
+    convert(tiny_models["qwen3_moe"], sparse, Pattern.parse("samoyeds"), values=FP8, progress=False)
+    converted_tokens, _ = run_engine(sparse)
+    overrides = json.dumps({"quantization_config": {"quant_method": "samoyeds", "values": "float8_e4m3fn"}})
+    tokens, _ = run_engine(tiny_models["qwen3_moe"], "--quantization", "samoyeds", "--hf-overrides", overrides)
+    assert tokens == converted_tokens

@@ -176,8 +176,47 @@ def test_already_converted_and_quantized(tiny_models, tmp_path):
     expect_refusal(tmp_path / "sparse", tmp_path / "again", CheckpointError, "already a samoyeds sparse checkpoint")
     model = copy_model(tiny_models["mixtral"], tmp_path / "fp8")
     config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps(dict(config, quantization_config={"quant_method": "fp8"})))
-    expect_refusal(model, tmp_path / "out", CheckpointError, "quantized with 'fp8'")
+    (model / "config.json").write_text(json.dumps(dict(config, quantization_config={"quant_method": "awq"})))
+    expect_refusal(model, tmp_path / "out", CheckpointError, "quantized with 'awq'")
+
+
+def test_fp8_values_and_fp8_block_input(tmp_path):
+    """--values fp8 writes format version 2 (values, scales, the quantization error in the report); an FP8
+    block-quantized input converts exactly as the dense checkpoint it stands for."""
+    from samoyeds_vllm.format import FP8
+    from samoyeds_vllm.tools.fp8_blocks import Fp8BlockReader, block_size
+    from samoyeds_vllm.tools.model_maker import make_model
+
+    block = make_model("qwen3_moe", "tiny", tmp_path / "block", fp8_block=True, dtype="bfloat16")
+    block_config = json.loads((block / "config.json").read_text())
+    assert block_config["quantization_config"]["weight_block_size"] == [128, 128]
+    tensors = read_checkpoint(block)
+    assert tensors["model.layers.0.self_attn.q_proj.weight"].dtype == FP8
+    assert tensors["model.layers.0.mlp.gate.weight"].dtype == torch.bfloat16  # routers stay unquantized
+    # its dense twin: every FP8 tensor dequantized
+    reader = Fp8BlockReader(
+        convert_module.CheckpointReader(block), block_size(block_config["quantization_config"]), torch.bfloat16
+    )
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    save_file({n: reader.get(n) for n in reader.names()}, str(dense / "model.safetensors"))
+    shutil.copy(block / "tokenizer.json", dense)
+    del block_config["quantization_config"]
+    (dense / "config.json").write_text(json.dumps(block_config))
+
+    report = convert(block, tmp_path / "from-block", SAMOYEDS, values=FP8, progress=False)
+    convert(dense, tmp_path / "from-dense", SAMOYEDS, values=FP8, progress=False)
+    a, b = read_checkpoint(tmp_path / "from-block"), read_checkpoint(tmp_path / "from-dense")
+    assert a.keys() == b.keys() and all(
+        torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a if a[k].dtype == FP8
+    )
+    assert not any(k.endswith("_scale_inv") for k in a)
+    quant = json.loads((tmp_path / "from-block" / "config.json").read_text())["quantization_config"]
+    assert quant["format_version"] == 2 and quant["values"] == "float8_e4m3fn" and quant["scale"] == "channel"
+    assert a["model.layers.0.mlp.experts.1.up_proj.weight_packed"].dtype == FP8
+    assert a["model.layers.0.mlp.experts.1.up_proj.weight_scale"].dtype == torch.float32
+    errors = [s.quantization_error for s in report.layers.values()]
+    assert all(0.01 < e < 0.04 for e in errors) and "quant. error" in report.table()
 
 
 def test_truncated_and_corrupted_safetensors(tiny_models, tmp_path):

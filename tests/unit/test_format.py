@@ -7,6 +7,8 @@ from hypothesis import given, settings
 
 from samoyeds_vllm.errors import PatternError
 from samoyeds_vllm.format import (
+    FP8,
+    FP8_MAX,
     PackedWeight,
     Pattern,
     check,
@@ -14,8 +16,10 @@ from samoyeds_vllm.format import (
     compress,
     decompress,
     prune,
+    quantize,
     satisfies,
 )
+from samoyeds_vllm.kernels.weights import fp8_checkpoint_order, fp8_kernel_order
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
@@ -159,3 +163,52 @@ def test_check_packed_finds_corruption():
         check_packed(packed._replace(values=packed.values[:, :64]), pattern, (8, 256), name="x.weight")
     with pytest.raises(PatternError, match="packed rowsel tensor is missing"):
         check_packed(packed._replace(rowsel=None), pattern, (8, 256), name="x.weight")
+
+
+# ------------------------------------------------------------------------------------------- FP8 values
+
+
+@pytest.mark.parametrize("pattern", [Pattern.parse("2:4"), Pattern.parse("samoyeds", 32), Pattern.parse("samoyeds")])
+def test_fp8_values_keep_positions_and_scale_each_output_row(pattern):
+    w = prune(torch.randn(3, 64, 256, dtype=torch.bfloat16), pattern)
+    packed = compress(w, pattern)
+    q = quantize(packed, pattern)
+    assert q.values.dtype == FP8 and q.scale.shape == (3, 64) and q.scale.dtype == torch.float32
+    assert torch.equal(q.meta, packed.meta) and (q.rowsel is None or torch.equal(q.rowsel, packed.rowsel))
+    check_packed(q, pattern, tuple(w.shape))
+    dense = decompress(q, pattern)
+    # each row's largest kept magnitude maps to FP8_MAX exactly, so it comes back exactly
+    assert torch.equal(dense.abs().amax(-1), w.float().abs().amax(-1))
+    assert bool(((dense != 0) <= (w != 0)).all())  # nothing outside the pattern
+    assert float((dense - w.float()).norm() / w.float().norm()) < 0.035  # e4m3: 3 mantissa bits
+    assert float(q.values.float().abs().max()) == FP8_MAX
+
+
+def test_fp8_rows_without_weights_get_scale_one():
+    w = torch.zeros(2, 32, 64)
+    q = quantize(compress(w, Pattern.parse("2:4")), Pattern.parse("2:4"))
+    assert bool((q.scale == 1).all()) and not bool(decompress(q, Pattern.parse("2:4")).any())
+
+
+@pytest.mark.parametrize("bad, words", [(0.0, "not finite and positive"), (float("nan"), "not finite"), (-1.0, "")])
+def test_damaged_fp8_scales_are_refused(bad, words):
+    pattern = Pattern.parse("samoyeds")
+    w = prune(torch.randn(4, 256, dtype=torch.bfloat16), pattern)
+    q = quantize(compress(w, pattern), pattern)
+    q.scale[2] = bad
+    with pytest.raises(PatternError, match=f"w13: 1 scales are {words}"):
+        check_packed(q, pattern, tuple(w.shape), name="w13")
+    with pytest.raises(PatternError, match="packed scale has shape"):
+        check_packed(q._replace(scale=q.scale[:3]), pattern, tuple(w.shape), name="w13")
+
+
+def test_fp8_kernel_order_round_trips_and_groups_each_threads_columns():
+    values = (torch.randn(2, 5, 256) * 20).to(FP8)
+    ordered = fp8_kernel_order(values)
+    assert ordered.dtype == torch.uint8
+    assert torch.equal(fp8_checkpoint_order(ordered).view(torch.uint8), values.view(torch.uint8))
+    row, stored = values.view(torch.uint8)[1, 3, 64:128], ordered[1, 3, 64:128]
+    for t in range(4):  # thread t's 16 bytes: for each k-step, columns 2t, 2t + 1, 2t + 8, 2t + 9
+        for ks in range(4):
+            cols = [16 * ks + 2 * t, 16 * ks + 2 * t + 1, 16 * ks + 2 * t + 8, 16 * ks + 2 * t + 9]
+            assert stored[16 * t + 4 * ks : 16 * t + 4 * ks + 4].tolist() == row[cols].tolist()

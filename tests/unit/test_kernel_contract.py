@@ -57,12 +57,13 @@ def compiled_layout(tmp_path_factory) -> dict[str, int]:
     fields = _fields(params.MoEParams)
     stages = sorted(
         {
-            (bn, shape.a_rows)
+            (bn, shape.a_rows, 1 if fp8 else 2)
             for samoyeds in (True, False)
             for hopper in (True, False)
-            for bn in token_tiles(samoyeds, hopper)
+            for fp8 in (True, False)
+            for bn in token_tiles(samoyeds, hopper, fp8)
             for gate_up in (True, False)
-            for shape in block_shapes(bn, gate_up, samoyeds, hopper)
+            for shape in block_shapes(bn, gate_up, samoyeds, hopper, fp8)
         }
     )
     lines = [
@@ -77,7 +78,9 @@ def compiled_layout(tmp_path_factory) -> dict[str, int]:
     ]
     lines += [f'  printf("{path} %zu\\n", (size_t)((char*)&p.{path} - (char*)&p));' for path, _ in fields]
     lines += [f'  printf("{name} %d\\n", {name});' for name in geometry.CONSTANTS]
-    lines += [f'  printf("stage_{bn}_{rows} %zu\\n", sizeof(Stage<{bn}, {rows}>));' for bn, rows in stages]
+    lines += [
+        f'  printf("stage_{bn}_{rows}_{vb} %zu\\n", sizeof(Stage<{bn}, {rows}, {vb}>));' for bn, rows, vb in stages
+    ]
     lines += ["  return 0;", "}"]
     work = tmp_path_factory.mktemp("contract")
     (work / "layout.cu").write_text("\n".join(lines) + "\n")
@@ -104,8 +107,8 @@ def test_constants_are_read_as_compiled(compiled_layout):
 def test_stage_sizes_match_the_plans_shared_memory(compiled_layout):
     for key, size in compiled_layout.items():
         if key.startswith("stage_"):
-            _, bn, rows = key.split("_")
-            assert geometry.stage_bytes(int(bn), int(rows)) == size, key
+            _, bn, rows, value_bytes = key.split("_")
+            assert geometry.stage_bytes(int(bn), int(rows), int(value_bytes)) == size, key
     assert BlockShape("ws", 8, 2).a_rows == 256
 
 

@@ -59,7 +59,7 @@ def test_plans_of_the_qwen3_layer_on_an_h100():
     assert decode.token_tile == 8 and decode.chunks == 0
     assert decode.gate_up.block == BlockShape("mma", 4, 2) and decode.gate_up.splits == 4
     assert decode.gate_up.grid == (384 // 64, decode.num_tiles, 4) and decode.gate_up.threads == 128
-    assert decode.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, 128, 8, true, 4, 2, false>"
+    assert decode.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, false, true, 128, 8, true, 4, 2, false>"
     assert decode.sum_kernel == "samoyeds::sum_slots<__nv_bfloat16, __nv_bfloat16, 1>"
     assert decode.silu_kernel == "samoyeds::silu_mul_splits<__nv_bfloat16>"
 
@@ -76,6 +76,19 @@ def test_plans_of_the_qwen3_layer_on_an_h100():
     )
     before_hopper = plan_moe(LayerShape(16384, **QWEN3), SAMOYEDS, torch.bfloat16, A100)
     assert before_hopper.gate_up.block == BlockShape("mma", 8, 2)
+
+
+def test_fp8_values_run_moe_gemm_only():
+    """FP8 values: the ws kernel does not read them, so wide tiles take the one-warpgroup wgmma kernel (64 tokens,
+    2:4 too) with half the A tile's shared memory, and names carry the FP8 flag."""
+    prefill = plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.bfloat16, H100, fp8=True)
+    assert prefill.token_tile == 64 and prefill.gate_up.block == BlockShape("wgmma", 4, 2)
+    assert prefill.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, false, 128, 64, true, 4, 2, true>"
+    assert prefill.gate_up.shared_bytes == 3 * (64 * 256 + 128 * 64 + 128 * 16) + 1024
+    decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100, fp8=True)
+    assert decode.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, true, 128, 8, true, 4, 2, false>"
+    with override_config(KernelConfig(128)), pytest.raises(SamoyedsError, match="token tile 128 is not compiled"):
+        plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.bfloat16, H100, fp8=True)
 
 
 def test_rows_off_the_ws_blocks_fall_back_to_the_one_warpgroup_kernel():

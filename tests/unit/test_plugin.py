@@ -54,7 +54,10 @@ def test_config_from_checkpoint_and_defaults():
 @pytest.mark.parametrize(
     "config, words",
     [
-        ({"format_version": 2, "pattern": "samoyeds"}, "format_version 2 is not supported"),
+        ({"format_version": 3, "pattern": "samoyeds"}, "format_version 3 is not supported"),
+        ({"format_version": 2, "pattern": "samoyeds"}, "quantized values need values one of float8_e4m3fn"),
+        ({"format_version": 1, "values": "float8_e4m3fn"}, "values 'float8_e4m3fn' needs format_version 2"),
+        ({"values": "int4"}, "not values 'int4'"),
         ({"format_version": 1, "pattern": "1:8"}, "unknown sparsity pattern '1:8'"),
         ({"format_version": 1, "pattern": "samoyeds", "segment": 96}, "segment must be one of"),
     ],
