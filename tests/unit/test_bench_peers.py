@@ -365,3 +365,9 @@ def test_bench_moe_loop_on_cpu(tmp_path, monkeypatch, capsys):
         assert row["best_peer"] is None and row["speedups"] == {"ours-bf16": {}}
     printed = capsys.readouterr().out
     assert "vLLM FP8 DeepGEMM" in printed and "skipped: TritonOrDeepGemmExperts" in printed
+
+
+def test_peers_help_names_every_peer():
+    bench = next(a for a in build_parser()._subparsers._group_actions[0].choices["bench"]._actions if a.choices)
+    help_text = next(a.help for a in bench.choices["moe"]._actions if a.dest == "peers")
+    assert all(name in help_text for name in PEERS)
