@@ -120,18 +120,31 @@ def _recover(args: argparse.Namespace) -> None:
     print(f"wrote {args.out} after {settings.steps} steps" + (f"; validation perplexity {last:.3f}" if last else ""))
 
 
+def _token_counts(values: list[str]) -> list[int]:
+    """--tokens 1,16,64 or --tokens 1 16 64."""
+    try:
+        return [int(t) for value in values for t in value.replace(",", " ").split()]
+    except ValueError:
+        raise SamoyedsError(f"--tokens wants token counts, not {' '.join(values)!r}") from None
+
+
 def _bench_moe(args: argparse.Namespace) -> None:
     import torch
 
     from .bench.layer import bench_moe
+    from .bench.peers import parse_peers
     from .format import Pattern
 
+    if args.peers is not None and args.no_vllm:
+        raise SamoyedsError("--peers times vLLM's MoE paths; it cannot go with --no-vllm")
+    peers = parse_peers(args.peers)
+    tokens = _token_counts(args.tokens)
+    pattern = Pattern.parse(args.pattern, args.segment)
     if not torch.cuda.is_available():
         raise SamoyedsError("bench moe times GPU kernels and needs an NVIDIA GPU")
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    tokens = [int(t) for t in args.tokens.split(",")]
-    pattern = Pattern.parse(args.pattern, args.segment)
-    bench_moe(args.shape, tokens, pattern, dtype, args.json, with_vllm=not args.no_vllm, values=_values(args.values))
+    fp8 = args.values == "fp8"
+    bench_moe(args.shape, tokens, pattern, dtype, args.json, with_vllm=not args.no_vllm, peers=peers, fp8=fp8)
 
 
 def _bench_e2e(args: argparse.Namespace) -> None:
@@ -265,15 +278,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_recover)
 
     bench = sub.add_parser("bench", help="benchmarks (GPU)").add_subparsers(dest="bench", required=True)
-    p = bench.add_parser("moe", help="our sparse MoE layer vs vLLM's dense fused MoE, CUDA graphs, same inputs")
+    p = bench.add_parser("moe", help="our sparse MoE layer vs vLLM's MoE paths, CUDA graphs, same inputs")
     p.add_argument("--shape", default="qwen3-30b-a3b", help="a preset of configs/models")
-    p.add_argument("--tokens", default="1,16,64,256,1024,4096,16384", help="comma-separated token counts")
+    p.add_argument(
+        "--tokens", nargs="+", default=["1,16,64,256,1024,4096,16384"], help="token counts (1,16,64 or 1 16 64)"
+    )
     p.add_argument("--pattern", default="samoyeds", choices=["2:4", "samoyeds"])
     p.add_argument("--segment", type=int, default=None)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    p.add_argument("--values", choices=["bf16", "fp8"], default="bf16", help="our kept values (fp8: also times bf16)")
+    p.add_argument(
+        "--values", choices=["bf16", "fp8"], default="bf16", help="fp8: also ours with FP8 values (same kept weights)"
+    )
     p.add_argument("--json", help="write the results here")
     p.add_argument("--no-vllm", action="store_true", help="time ours only")
+    p.add_argument(
+        "--peers",
+        nargs="?",
+        const="all",
+        metavar="NAMES",
+        help="also time what users run instead: vLLM's FP8 block-128 MoE through each of its paths and Marlin "
+        "W4A16 ('all' when given alone, or comma-separated names: bf16-triton, fp8-triton, "
+        "fp8-triton-fused_experts, fp8-deepgemm, fp8-cutlass, fp8-flashinfer-cutlass, fp8-marlin, w4a16-marlin)",
+    )
     p.set_defaults(func=_bench_moe)
 
     p = bench.add_parser("e2e", help="dense vLLM vs samoyeds end to end: throughput, serving, memory (GPU)")

@@ -1,46 +1,78 @@
-"""`samoyeds-vllm bench moe`: our sparse MoE layer against vLLM's dense fused MoE, same inputs, one process.
+"""`samoyeds-vllm bench moe`: our sparse MoE layer against vLLM's MoE paths, same inputs, one process.
 
 For each token count: random dense expert weights of a real model shape (configs/models), pruned and packed for
-ours (tools/moe_problem.py); the same activations and routing for both; a correctness check of both against the
-fp32 dense matmul of the (pruned / dense) weights; then each captured in a CUDA graph and timed by replaying it.
-Achieved bandwidth and dense-equivalent TFLOP/s are reported against ceilings measured on the same GPU in the
-same run.
+ours (tools/moe_problem.py); the same activations and routing for every path; each path checked against the fp32
+dense product of its own weights, then captured in a CUDA graph and timed by replaying it. The peers are vLLM's
+dense bf16 MoE and, with `--peers`, its FP8 block-128 paths and Marlin W4A16 (bench/peers.py). Achieved bandwidth
+and dense-equivalent TFLOP/s are reported against ceilings measured on the same GPU in the same run.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import platform
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from ..format import Pattern
+from .. import kernels
+from ..format import FP8, PackedWeight, Pattern, decompress, quantize
+from ..plugin.ops import moe_experts
 from ..tools.moe_problem import MoEProblem, make_problem, reference, relative_error, run_sparse
 from ..tools.presets import preset_shape
-from .timing import measure_ceilings, time_cuda_graph_captures
+from .peers import LEGACY_PEER, PEERS, MoEPath, format_paths_table, measure, run_peers, speedups, vllm_environment
+from .quant import tensor_bytes
+from .timing import measure_ceilings
 
 DEFAULT_TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
 
 
-def vllm_dense(p: MoEProblem):
-    """vLLM's fused MoE (its Triton kernels and tuned configs) on the problem's dense weights."""
-    from vllm.model_executor.layers.fused_moe import fused_experts
+@dataclass(frozen=True)
+class OursVariant:
+    """One of our layers: built from the pruned problem (its packed weights, or its own format of them)."""
 
-    ids = p.topk_ids.to(torch.int32)
-    return lambda: fused_experts(p.x, p.w13, p.w2, p.topk_weights, ids)
+    name: str  # JSON id, e.g. "ours-bf16"
+    label: str  # table label
+    build: Callable[[MoEProblem], MoEPath]
 
 
-def _bytes_read(p: MoEProblem, sparse: bool) -> int:
-    """Fewest bytes the layer must move: the weights of every expert with tokens (packed or dense), x, out."""
-    used = p.topk_ids.unique().numel()
-    if sparse:
-        per_expert = sum(t[0].numel() * t.element_size() for t in (*p.packed13, *p.packed2) if t is not None)
-    else:
-        per_expert = (p.w13[0].numel() + p.w2[0].numel()) * p.w13.element_size()
-    return used * per_expert + 2 * p.x.numel() * p.x.element_size()
+def _ours_packed(p: MoEProblem, name: str, label: str) -> MoEPath:
+    """The samoyeds op on the packed weights in the activations' dtype (the plugin's layer)."""
+    per_expert = tensor_bytes(*(t[0] for t in (*p.packed13, *p.packed2) if t is not None))
+    return MoEPath(name, label, lambda: run_sparse(p), lambda e: (p.w13[e], p.w2[e]), per_expert)
+
+
+def _ours_fp8(p: MoEProblem, name: str, label: str) -> MoEPath:
+    """The samoyeds op with the same kept weights quantized to FP8 values (one scale per output row)."""
+    q13, q2 = (kernels.prepare_weights(quantize(w, p.pattern, FP8)) for w in (p.packed13, p.packed2))
+
+    def dequantized(expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return tuple(
+            decompress(kernels.checkpoint_layout(PackedWeight(*(t if t is None else t[expert] for t in q))), p.pattern)
+            for q in (q13, q2)
+        )
+
+    per_expert = tensor_bytes(*(t[0] for t in (*q13, *q2) if t is not None))
+    run = lambda: moe_experts(p.x, p.topk_weights, p.topk_ids, q13, q2, p.pattern)  # noqa: E731
+    return MoEPath(name, label, run, dequantized, per_expert)
+
+
+def our_variants(pattern: Pattern, dtype: torch.dtype, fp8: bool = False) -> list[OursVariant]:
+    """Our layers to time. The first one is what the legacy ours_* keys and the first table report and must run;
+    fp8 adds the same kept weights with FP8 values ("ours-fp8"); a failure of one but the first is recorded."""
+    name, label = "ours-bf16", f"ours {pattern} {_DTYPE_NAMES.get(dtype, str(dtype))}"
+    variants = [OursVariant(name, label, lambda p: _ours_packed(p, name, label))]
+    if fp8:
+        label8 = f"ours {pattern} fp8"
+        variants.append(OursVariant("ours-fp8", label8, lambda p: _ours_fp8(p, "ours-fp8", label8)))
+    return variants
+
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def bench_moe(
@@ -50,10 +82,12 @@ def bench_moe(
     dtype=torch.bfloat16,
     json_path: Path | None = None,
     with_vllm: bool = True,
-    values: torch.dtype | None = None,
+    peers: list[str] | None = None,
+    fp8: bool = False,
 ) -> list[dict]:
-    """values FP8: ours with FP8 values, beside ours with values of dtype (the same pruned weights; `ours_bf16_*`) and
-    its error against that unquantized layer (`ours_vs_unquantized_err`)."""
+    """`peers`: names of bench/peers.py's PEERS to time (default: vLLM's bf16 MoE only); ignored without vLLM.
+    `fp8`: also ours with FP8 values, with its error against ours with unquantized values
+    (`rel_err_unquantized`)."""
     from tqdm import tqdm
 
     shape = preset_shape(shape_name)
@@ -63,49 +97,101 @@ def bench_moe(
         except ImportError:
             print("vLLM is not importable here: timing ours only")
             with_vllm = False
+    peers = (peers or [LEGACY_PEER]) if with_vllm else []
+    variants = our_variants(pattern, dtype, fp8)
     ceilings = measure_ceilings()
-    rows = []
-    for t in tqdm(tokens, desc=f"bench moe {shape_name} {pattern}"):
-        problem = make_problem(shape, pattern, t, dtype, seed=t, values=values)
-        row = {"tokens": t, "ours_rel_err": relative_error(run_sparse(problem), reference(problem))}
-        row["ours_first_capture_us"], row["ours_us"] = time_cuda_graph_captures(lambda p=problem: run_sparse(p))
-        if values is not None:
-            unquantized = make_problem(shape, pattern, t, dtype, seed=t)
-            row["ours_vs_unquantized_err"] = relative_error(run_sparse(problem), reference(unquantized))
-            row["ours_bf16_us"] = time_cuda_graph_captures(lambda p=unquantized: run_sparse(p))[1]
-            del unquantized
-        flops = 2 * t * shape.top_k * 3 * shape.hidden * shape.intermediate
-        row["ours_TBps"] = _bytes_read(problem, True) / (row["ours_us"] * 1e-6) / 1e12
-        row["ours_TFLOPs_dense_equiv"] = flops / (row["ours_us"] * 1e-6) / 1e12
-        if with_vllm:
-            dense = make_problem(shape, None, t, dtype, seed=t)  # same x and routing, unpruned weights
-            row["vllm_rel_err"] = relative_error(vllm_dense(dense)(), reference(dense))
-            row["vllm_first_capture_us"], row["vllm_us"] = time_cuda_graph_captures(vllm_dense(dense))
-            row["vllm_TBps"] = _bytes_read(dense, False) / (row["vllm_us"] * 1e-6) / 1e12
-            row["vllm_TFLOPs"] = flops / (row["vllm_us"] * 1e-6) / 1e12
-            row["speedup"] = row["vllm_us"] / row["ours_us"]
-            del dense
-        rows.append(row)
-        del problem
-        torch.cuda.empty_cache()
     result = {
         "shape": shape_name,
         **asdict(shape),
         "pattern": str(pattern),
         "dtype": str(dtype),
-        "values": str(values or dtype),
         "device": torch.cuda.get_device_name(),
         "date": time.strftime("%Y-%m-%d"),
         "torch": torch.__version__,
         "vllm": _version("vllm"),
         "host": platform.node(),
         "ceilings": ceilings,
-        "rows": rows,
+        "paths": {
+            **{v.name: {"kind": "ours", "label": v.label} for v in variants},
+            **{n: {"kind": "peer", "label": PEERS[n].label, "api": PEERS[n].api} for n in peers},
+        },
+        "rows": [],
     }
+    for t in tqdm(tokens, desc=f"bench moe {shape_name} {pattern}"):
+        row = {"tokens": t}
+        problem = make_problem(shape, pattern, t, dtype, seed=t)
+        ours, outputs = [], []
+        for n, variant in enumerate(variants):
+            record = {"name": variant.name, "label": variant.label, "kind": "ours"}
+            try:
+                measured, out = measure(variant.build(problem), problem)
+                record.update(status="ok", **measured)
+            except Exception as e:
+                if n == 0:
+                    raise
+                record.update(status="failed", reason=f"{type(e).__name__}: {e}"[:300])
+                out = None
+            ours.append(record)
+            outputs.append(out)
+        if outputs[0] is not None:  # the quantized variants against the same layer with unquantized values
+            for record, out in zip(ours[1:], outputs[1:], strict=True):
+                if out is not None:
+                    record["rel_err_unquantized"] = relative_error(out, outputs[0].float())
+        del problem
+        _release()
+        if peers:
+            dense = make_problem(shape, None, t, dtype, seed=t)  # same x and routing, unpruned weights
+            if "vllm_env" not in result:
+                result["vllm_env"] = vllm_environment(dense)
+            ref_bf16 = reference(dense)
+            for record, out in zip(ours, outputs, strict=True):
+                if out is not None:
+                    record["rel_err_bf16_dense"] = relative_error(out, ref_bf16)
+            row["paths"] = ours + run_peers(dense, peers, ref_bf16)
+            del dense, ref_bf16
+        else:
+            row["paths"] = ours
+        del outputs
+        _release()
+        row["best_peer"], row["speedups"] = speedups(row["paths"])
+        row.update(_legacy_keys(row))
+        result["rows"].append(row)
+        if json_path:  # after every token count: a run cut short keeps what it measured
+            Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
     print(format_table(result))
-    if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
-    return rows
+    if len(peers) + len(variants) > 2:
+        print(format_paths_table(result))
+    return result["rows"]
+
+
+def _release() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def _legacy_keys(row: dict) -> dict:
+    """The keys bench moe wrote before the peers (first ours variant, vLLM's bf16 MoE), which the layer tables in
+    docs/benchmarks.md and benchmarks/results read."""
+    paths = {r["name"]: r for r in row["paths"]}
+    ours = row["paths"][0]
+    keys = {
+        "ours_rel_err": ours["rel_err_own"],
+        "ours_first_capture_us": ours["first_capture_us"],
+        "ours_us": ours["us"],
+        "ours_TBps": ours["TBps"],
+        "ours_TFLOPs_dense_equiv": ours["TFLOPs_dense_equiv"],
+    }
+    vllm = paths.get(LEGACY_PEER)
+    if vllm is not None and vllm["status"] == "ok":
+        keys.update(
+            vllm_rel_err=vllm["rel_err_own"],
+            vllm_first_capture_us=vllm["first_capture_us"],
+            vllm_us=vllm["us"],
+            vllm_TBps=vllm["TBps"],
+            vllm_TFLOPs=vllm["TFLOPs_dense_equiv"],
+            speedup=vllm["us"] / ours["us"],
+        )
+    return keys
 
 
 def _version(package: str) -> str | None:
@@ -126,9 +212,6 @@ def format_table(result: dict) -> str:
         f"{'T':>6} {'ours µs':>9} {'vLLM µs':>9} {'speedup':>8} {'ours TB/s':>9} {'vLLM TB/s':>9} "
         f"{'ours TF/s':>9} {'vLLM TF/s':>9} {'err ours':>9} {'err vLLM':>9}",
     ]
-    if "ours_bf16_us" in result["rows"][0]:
-        lines[0] += f", values {result['values']}"
-        lines[1] += f" {'unquant. µs':>11} {'err vs unquant.':>15}"
     for r in result["rows"]:
         lines.append(
             f"{r['tokens']:>6} {r['ours_us']:>9.1f} {r.get('vllm_us', float('nan')):>9.1f} "
@@ -137,6 +220,4 @@ def format_table(result: dict) -> str:
             f"{r.get('vllm_TFLOPs', float('nan')):>9.1f} {r['ours_rel_err']:>9.1e} "
             f"{r.get('vllm_rel_err', float('nan')):>9.1e}"
         )
-        if "ours_bf16_us" in r:
-            lines[-1] += f" {r['ours_bf16_us']:>11.1f} {r['ours_vs_unquantized_err']:>15.1e}"
     return "\n".join(lines)

@@ -67,15 +67,29 @@ def make_problem(
     w2 = (torch.randn(e, h, i, generator=gen, device=device) * i**-0.5).to(dtype)
     packed13 = packed2 = None
     if pattern is not None:
-        w13, w2 = prune(w13, pattern), prune(w2, pattern)
-        packed13, packed2 = (compress(w, pattern) for w in (w13, w2))
-        if values is not None:
-            packed13, packed2 = (quantize(p, pattern, values) for p in (packed13, packed2))
-            w13, w2 = (decompress(p, pattern) for p in (packed13, packed2))
-        packed13, packed2 = (kernels.prepare_weights(p) for p in (packed13, packed2))
+        (w13, packed13), (w2, packed2) = (_prune_and_pack(w, pattern, values) for w in (w13, w2))
     x = torch.randn(tokens, h, generator=gen, device=device).to(dtype)
     weights, ids = random_routing(tokens, shape, routing, gen, device)
     return MoEProblem(x, weights, ids, w13, w2, pattern, packed13, packed2)
+
+
+def _prune_and_pack(
+    w: torch.Tensor, pattern: Pattern, values: torch.dtype | None = None, chunk_bytes: int = 1 << 30
+) -> tuple[torch.Tensor, PackedWeight]:
+    """`w` pruned onto the pattern (in place) and packed in the kernels' layout, a few experts at a time: pruning
+    holds fp32 scores and int64 top-k positions, ~8x the bf16 weights, which for DeepSeek-V3's 15 GB gate/up
+    weights is more than one GPU has. Pruning and packing act on rows, so the result is that of the whole tensor.
+    `values` quantizes the packed values; `w` then becomes their dequantized weights (float32)."""
+    step = max(1, chunk_bytes // (w[0].numel() * w.element_size()))
+    parts = []
+    for start in range(0, w.shape[0], step):
+        w[start : start + step] = prune(w[start : start + step], pattern)
+        part = compress(w[start : start + step], pattern)
+        parts.append(part if values is None else quantize(part, pattern, values))
+    packed = PackedWeight(*(None if t[0] is None else torch.cat(t) for t in zip(*parts, strict=True)))
+    if values is not None:
+        w = decompress(packed, pattern)
+    return w, kernels.prepare_weights(packed)
 
 
 def run_sparse(p: MoEProblem) -> torch.Tensor:

@@ -252,7 +252,13 @@ def test_real_preset_config_only(tmp_path, preset):
 
 
 def test_real_preset_shapes_match_published_parameter_counts():
-    billions = {"mixtral-8x7b": 46.70, "qwen3-30b-a3b": 30.53, "qwen1.5-moe-a2.7b": 14.32, "olmoe-1b-7b": 6.92}
+    billions = {
+        "mixtral-8x7b": 46.70,
+        "qwen3-30b-a3b": 30.53,
+        "qwen3-235b-a22b": 235.09,
+        "qwen1.5-moe-a2.7b": 14.32,
+        "olmoe-1b-7b": 6.92,
+    }
     for preset, expected in billions.items():
         specs = weight_specs(load_preset(available_presets()[preset], preset))
         assert sum(math.prod(shape) for _, shape in specs) / 1e9 == pytest.approx(expected, abs=0.01), preset
@@ -268,9 +274,14 @@ def test_real_preset_shapes_match_published_parameter_counts():
             "gpt2",
             "tiny",
             {},
-            "unknown architecture 'gpt2'; supported: deepseek_v2, mixtral, olmoe, qwen2_moe, qwen3_moe",
+            "unknown architecture 'gpt2'; supported: deepseek_v2, deepseek_v3, mixtral, olmoe, qwen2_moe, qwen3_moe",
         ),
-        ("qwen3_moe", "qwen3-7b", {}, "no preset 'qwen3-7b' for qwen3_moe; presets for qwen3_moe: qwen3-30b-a3b, tiny"),
+        (
+            "qwen3_moe",
+            "qwen3-7b",
+            {},
+            "no preset 'qwen3-7b' for qwen3_moe; presets for qwen3_moe: qwen3-235b-a22b, qwen3-30b-a3b, tiny",
+        ),
         ("qwen3_moe", "mixtral-8x7b", {}, "preset 'mixtral-8x7b' is a mixtral model, not qwen3_moe"),
         (
             "deepseek_v2",
