@@ -39,6 +39,17 @@ __device__ __forceinline__ void fp8_fragment(unsigned (&a)[4], const uint4 (&row
   a[3] = fp8x2_to<T, true>(g8_row);
 }
 
+// FP8 values and their metadata are stored tiled (kernels/weights.py): each 64-row tile of the rows holds, stage by
+// stage, its 64 rows' PER elements of that stage (64 values, 8 metadata halfwords) contiguously, so a block's
+// copies of one stage read whole kilobytes. Row-major, a row's 64 B of FP8 values per stage sit K / 2 bytes apart,
+// and the decode GEMMs streamed FP8 weights at ~1.5 TB/s against ~2.2 TB/s for bf16's 128-byte pieces (H100,
+// Qwen3 shape, T = 16). The offset of (row, stage, element 0) in such an array; `row` may be a tile's first row
+// plus rows of later tiles.
+__device__ __forceinline__ size_t fp8_tile_offset(size_t row, int stage, int row_in_block, int K, int per) {
+  const size_t r = row + row_in_block;
+  return ((r / 64) * (size_t)(K / BK) + stage) * (64 * per) + (r % 64) * per;
+}
+
 // A block has WARPS = 4 or 8 warps; each warp owns MT m16 tiles of weight rows (the same 16 rows of gate and of up
 // for GATE_UP, so MT = 2 there; two stacked 16-row tiles for GEMM 2 on wide batches) and all BN tokens of the
 // token tile, so every B fragment read from shared memory feeds MT mma.sp. The block's A tile is MT slabs of
@@ -114,14 +125,18 @@ __device__ __forceinline__ void moe_gemm_body(
   constexpr int A_STEP = THREADS / A_CHUNKS;  // rows between a thread's A chunks
   constexpr int A_COPIES = BM / A_STEP;       // A chunks per thread and slab
   const int a_row = tid / A_CHUNKS, a_chunk = tid % A_CHUNKS;
-  const auto* a_src = values + (expert_rows + row0 + a_row) * (K / 2) + (size_t)kt_begin * (BK / 2) +
-                      a_chunk * (64 / A_CHUNKS);
-  const size_t a_step = (size_t)A_STEP * (K / 2), a_slab = (size_t)slab_rows * (K / 2);
   const int a_dst = a_row * A_CHUNKS + (FP8 ? a_chunk : a_chunk ^ (a_row & 7));
   // meta: one 16-byte chunk (the 128 inputs of a stage) per row; thread r < A_ROWS copies row r.
-  const int m_slab = tid / BM;
-  const int16_t* m_src = meta + (expert_rows + row0 + (tid % BM) + (size_t)m_slab * slab_rows) * (K / 16) +
-                         (size_t)kt_begin * (BK / 16);
+  const int m_slab = tid / BM, m_row = tid % BM;
+  // Row-major values and meta (T): a stage of a row is 128 B of values and 16 B of meta at row * K / 2 and
+  // row * K / 16. FP8: both tiled (fp8_tile_offset), so the first row's offset is that of its tile.
+  const size_t a_slab = FP8 ? fp8_tile_offset(slab_rows, 0, 0, K, 64) : (size_t)slab_rows * (K / 2);
+  const auto* a_src = FP8 ? values + fp8_tile_offset(expert_rows + row0, kt_begin, 0, K, 64) + a_chunk * 16
+                          : values + (expert_rows + row0 + a_row) * (K / 2) + (size_t)kt_begin * (BK / 2) + a_chunk * 8;
+  const size_t a_step = (size_t)A_STEP * (K / 2);
+  const int16_t* m_src =
+      FP8 ? meta + fp8_tile_offset(expert_rows + row0 + (size_t)m_slab * slab_rows, kt_begin, m_row, K, 8)
+          : meta + (expert_rows + row0 + m_row + (size_t)m_slab * slab_rows) * (K / 16) + (size_t)kt_begin * (BK / 16);
   // B: chunk tid % 16 of token columns tid / 16 + j * THREADS / 16, gathered through the routing index.
   constexpr int B_STEP = THREADS / 16;
   constexpr int B_ITERS = (BN + B_STEP - 1) / B_STEP;
@@ -136,10 +151,11 @@ __device__ __forceinline__ void moe_gemm_body(
 #pragma unroll
     for (int h = 0; h < MT; ++h)
 #pragma unroll
-      for (int j = 0; j < A_COPIES; ++j)
-        cp_async16(&s.a.chunk[a_dst + (h * BM + j * A_STEP) * A_CHUNKS], a_src + h * a_slab + j * a_step + k_off / 2,
-                   16);
-    if (tid < A_ROWS) cp_async16(&s.meta.half[tid * 8], m_src + k_off / 16, 16);
+      for (int j = 0; j < A_COPIES; ++j) {
+        const size_t at = FP8 ? fp8_tile_offset(0, kt, a_row + j * A_STEP, K, 64) : j * a_step + k_off / 2;
+        cp_async16(&s.a.chunk[a_dst + (h * BM + j * A_STEP) * A_CHUNKS], a_src + h * a_slab + at, 16);
+      }
+    if (tid < A_ROWS) cp_async16(&s.meta.half[tid * 8], m_src + (FP8 ? (size_t)kt * 64 * 8 : k_off / 16), 16);
     if (SAMOYEDS && tid < SelT::CHUNKS) {
       int sel_dst;
       const uint8_t* sel_src =

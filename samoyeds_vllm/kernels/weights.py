@@ -7,8 +7,10 @@ The kernels read the packed tensors of samoyeds_vllm.format as they are, with tw
   SelTile);
 - FP8 values become uint8 bytes in the order of the mma.sp fragments (csrc/gemm_mma.cuh, fp8_fragment): within
   each row's 64 values of a pipeline stage (4 k-steps of 16), thread t's four columns 2t, 2t+1, 2t+8, 2t+9 of each
-  k-step come together, so a thread loads a whole stage of its row with one 16-byte read. The uint8 dtype marks the
-  kernels' order: a forward that meets float8 values, or rowsel in the checkpoint's layout, is refused.
+  k-step come together, so a thread loads a whole stage of its row with one 16-byte read. FP8 values and their
+  metadata are also tiled: each 64-row tile holds, stage by stage, its rows' values (4 KB) and metadata (1 KB)
+  contiguously (fp8_tile_offset in csrc/gemm_mma.cuh says why). The uint8 dtype marks the kernels' order of values
+  and metadata: a forward that meets float8 values, or rowsel in the checkpoint's layout, is refused.
 """
 
 from __future__ import annotations
@@ -45,21 +47,38 @@ def fp8_checkpoint_order(values: torch.Tensor) -> torch.Tensor:
     return natural.view(FP8)
 
 
+TILE_ROWS = 64  # rows of a tile of FP8 values and metadata
+
+
+def _tiles(t: torch.Tensor, per_stage: int, inverse: bool = False) -> torch.Tensor:
+    """[..., R, C] with C = stages * per_stage, row-major -> stage-major within 64-row tiles (or back)."""
+    *lead, rows, cols = t.shape
+    if rows % TILE_ROWS:
+        raise SamoyedsError(f"samoyeds kernels: FP8 weights need whole {TILE_ROWS}-row tiles, not {rows} rows")
+    n = len(lead) + 1
+    shape = (*lead, rows // TILE_ROWS, TILE_ROWS, cols // per_stage, per_stage)
+    if inverse:
+        shape = (*lead, rows // TILE_ROWS, cols // per_stage, TILE_ROWS, per_stage)
+    return t.reshape(shape).transpose(n, n + 1).reshape(t.shape).contiguous()
+
+
 def prepare_weights(packed: PackedWeight) -> PackedWeight:
-    """The packed weight in the kernels' layout: rowsel stored segment-major, FP8 values in fragment order (copies
-    unless already so)."""
+    """The packed weight in the kernels' layout: rowsel stored segment-major, FP8 values in fragment order and with
+    their metadata tiled (copies unless already so)."""
     rowsel = packed.rowsel
     if rowsel is not None and not _segment_major(rowsel):
         packed = packed._replace(rowsel=rowsel.transpose(-1, -2).contiguous().transpose(-1, -2))
     if packed.values.dtype == FP8:
-        packed = packed._replace(values=fp8_kernel_order(packed.values))
+        values = _tiles(fp8_kernel_order(packed.values), BK // 2)
+        packed = packed._replace(values=values, meta=_tiles(packed.meta, BK // 16))
     return packed
 
 
 def checkpoint_layout(packed: PackedWeight) -> PackedWeight:
     """The inverse of prepare_weights where it matters to other readers: FP8 values back in the format's order."""
     if packed.values.dtype == FP8_KERNEL_ORDER:
-        return packed._replace(values=fp8_checkpoint_order(packed.values))
+        values = fp8_checkpoint_order(_tiles(packed.values, BK // 2, inverse=True))
+        return packed._replace(values=values, meta=_tiles(packed.meta, BK // 16, inverse=True))
     return packed
 
 
