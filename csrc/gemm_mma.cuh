@@ -39,17 +39,6 @@ __device__ __forceinline__ void fp8_fragment(unsigned (&a)[4], const uint4 (&row
   a[3] = fp8x2_to<T, true>(g8_row);
 }
 
-// FP8 values and their metadata are stored tiled (kernels/weights.py): each 64-row tile of the rows holds, stage by
-// stage, its 64 rows' PER elements of that stage (64 values, 8 metadata halfwords) contiguously, so a block's
-// copies of one stage read whole kilobytes. Row-major, a row's 64 B of FP8 values per stage sit K / 2 bytes apart,
-// and the decode GEMMs streamed FP8 weights at ~1.5 TB/s against ~2.2 TB/s for bf16's 128-byte pieces (H100,
-// Qwen3 shape, T = 16). The offset of (row, stage, element 0) in such an array; `row` may be a tile's first row
-// plus rows of later tiles.
-__device__ __forceinline__ size_t fp8_tile_offset(size_t row, int stage, int row_in_block, int K, int per) {
-  const size_t r = row + row_in_block;
-  return ((r / 64) * (size_t)(K / BK) + stage) * (64 * per) + (r % 64) * per;
-}
-
 // A block has WARPS = 4 or 8 warps; each warp owns MT m16 tiles of weight rows (the same 16 rows of gate and of up
 // for GATE_UP, so MT = 2 there; two stacked 16-row tiles for GEMM 2 on wide batches) and all BN tokens of the
 // token tile, so every B fragment read from shared memory feeds MT mma.sp. The block's A tile is MT slabs of
@@ -128,15 +117,16 @@ __device__ __forceinline__ void moe_gemm_body(
   const int a_dst = a_row * A_CHUNKS + (FP8 ? a_chunk : a_chunk ^ (a_row & 7));
   // meta: one 16-byte chunk (the 128 inputs of a stage) per row; thread r < A_ROWS copies row r.
   const int m_slab = tid / BM, m_row = tid % BM;
-  // Row-major values and meta (T): a stage of a row is 128 B of values and 16 B of meta at row * K / 2 and
-  // row * K / 16. FP8: both tiled (fp8_tile_offset), so the first row's offset is that of its tile.
-  const size_t a_slab = FP8 ? fp8_tile_offset(slab_rows, 0, 0, K, 64) : (size_t)slab_rows * (K / 2);
-  const auto* a_src = FP8 ? values + fp8_tile_offset(expert_rows + row0, kt_begin, 0, K, 64) + a_chunk * 16
-                          : values + (expert_rows + row0 + a_row) * (K / 2) + (size_t)kt_begin * (BK / 2) + a_chunk * 8;
-  const size_t a_step = (size_t)A_STEP * (K / 2);
+  // Values and meta are tiled (tiled_offset). Slabs start on tile boundaries, and a thread's rows a_row + j A_STEP
+  // lie j A_STEP / TILE_ROWS tiles and (j A_STEP) % TILE_ROWS rows from its first (a_row < A_STEP, which divides
+  // TILE_ROWS or is a multiple of it), so a copy adds compile-time multiples of one tile's size to one address.
+  static_assert(TILE_ROWS % A_STEP == 0 || A_STEP % TILE_ROWS == 0, "a thread's rows keep their place in tiles");
+  const size_t tile_values = (size_t)(K / BK) * (TILE_ROWS * 64);  // one tile of values, all its stages
+  const size_t a_slab = tiled_offset<64>(slab_rows, 0, K);
+  const auto* a_src =
+      values + tiled_offset<64>(expert_rows + row0 + a_row, kt_begin, K) + a_chunk * (64 / A_CHUNKS);
   const int16_t* m_src =
-      FP8 ? meta + fp8_tile_offset(expert_rows + row0 + (size_t)m_slab * slab_rows, kt_begin, m_row, K, 8)
-          : meta + (expert_rows + row0 + m_row + (size_t)m_slab * slab_rows) * (K / 16) + (size_t)kt_begin * (BK / 16);
+      meta + tiled_offset<8>(expert_rows + row0 + (size_t)m_slab * slab_rows + m_row, kt_begin, K);
   // B: chunk tid % 16 of token columns tid / 16 + j * THREADS / 16, gathered through the routing index.
   constexpr int B_STEP = THREADS / 16;
   constexpr int B_ITERS = (BN + B_STEP - 1) / B_STEP;
@@ -147,15 +137,15 @@ __device__ __forceinline__ void moe_gemm_body(
 
   auto load_stage = [&](int slot, int kt) {
     StageT& s = stages[slot];
-    const size_t k_off = (size_t)kt * BK;
 #pragma unroll
     for (int h = 0; h < MT; ++h)
 #pragma unroll
       for (int j = 0; j < A_COPIES; ++j) {
-        const size_t at = FP8 ? fp8_tile_offset(0, kt, a_row + j * A_STEP, K, 64) : j * a_step + k_off / 2;
+        const size_t at =
+            (j * A_STEP / TILE_ROWS) * tile_values + (j * A_STEP % TILE_ROWS) * 64 + kt * (TILE_ROWS * 64);
         cp_async16(&s.a.chunk[a_dst + (h * BM + j * A_STEP) * A_CHUNKS], a_src + h * a_slab + at, 16);
       }
-    if (tid < A_ROWS) cp_async16(&s.meta.half[tid * 8], m_src + (FP8 ? (size_t)kt * 64 * 8 : k_off / 16), 16);
+    if (tid < A_ROWS) cp_async16(&s.meta.half[tid * 8], m_src + (size_t)kt * TILE_ROWS * 8, 16);
     if (SAMOYEDS && tid < SelT::CHUNKS) {
       int sel_dst;
       const uint8_t* sel_src =
@@ -271,8 +261,9 @@ template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP, int 
 __global__ void __launch_bounds__(WARPS * 32) moe_gemm(const __grid_constant__ MoEParams p) {
   const GemmOperands<T, GATE_UP> op{p};
   moe_gemm_body<T, FP8, SAMOYEDS, V, BN, GATE_UP, WARPS, MT, WGMMA>(
-      op.x(), op.template values<typename ValueOf<T, FP8>::type>(), op.meta(), op.rowsel(), op.scale(), op.out(), op.partial(), p.tile_expert, p.tile_start, p.tile_rows,
-      p.sorted_slot, p.topk_weights, op.R(), op.K(), p.top_k, op.N_out(), p.slots);
+      op.x(), op.template values<typename ValueOf<T, FP8>::type>(), op.meta(), op.rowsel(), op.scale(), op.out(),
+      op.partial(), p.tile_expert, p.tile_start, p.tile_rows, p.sorted_slot, p.topk_weights, op.R(), op.K(), p.top_k,
+      op.N_out(), p.slots);
 }
 
 }  // namespace samoyeds

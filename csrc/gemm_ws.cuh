@@ -78,6 +78,7 @@ __device__ __forceinline__ void moe_gemm_ws_body(
   using SelWord = typename SelWordOf<SEGS>::type;
   using SelT = SelTile<SAMOYEDS ? SEGS : 1, SAMOYEDS ? A_ROWS : 16>;
   static_assert(BK % V == 0 && V % 32 == 0, "a segment is whole k-steps of one stage");
+  static_assert(SLAB == TILE_ROWS, "a slab's rows are one tile of the stored values and metadata");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   StageT* stages = aligned_stages<StageT>(smem_raw);
@@ -135,12 +136,13 @@ __device__ __forceinline__ void moe_gemm_ws_body(
       const int expert = tile_expert[tile];
       const size_t expert_rows = (size_t)expert * R;
       const int first = tile_start[tile];
-      // One base address each for A and meta; the slabs sit at fixed row offsets from the first (few registers
-      // here: the copier runs on COPY_REGS).
-      const T* a_src = values + (expert_rows + slab_row(rb, 0) + a_row) * (K / 2) + (size_t)kt_begin * (BK / 2) +
-                       a_chunk * 8;
-      const int16_t* m_src = meta + (expert_rows + slab_row(rb, tid / SLAB) + tid % SLAB) * (K / 16) +
-                             (size_t)kt_begin * (BK / 16);
+      // One base address each for A and meta (tiled: tiled_offset in tiles.cuh; a slab is one tile, SLAB =
+      // TILE_ROWS); the slabs sit at fixed tile offsets from the first (few registers here: the copier runs on
+      // COPY_REGS).
+      const T* a_src =
+          values + tiled_offset<64>(expert_rows + slab_row(rb, 0), kt_begin, K) + a_row * 64 + a_chunk * 8;
+      const int16_t* m_src =
+          meta + tiled_offset<8>(expert_rows + slab_row(rb, tid / SLAB), kt_begin, K) + (tid % SLAB) * 8;
       auto slab_offset = [&](int q) { return slab_row(rb, q) - slab_row(rb, 0); };
       int sel_dst = 0;
       const uint8_t* sel_src =
@@ -183,12 +185,15 @@ __device__ __forceinline__ void moe_gemm_ws_body(
 #pragma unroll
           for (int j = 0; j < 4; ++j)
             cp_async16(&s.a.chunk[a_dst + (q * SLAB + 16 * j) * 8],
-                       a_src + (slab_offset(q) + 16 * j) * (K / 2) + kt * (BK / 2), 16);
+                       a_src + (size_t)(slab_offset(q) / SLAB) * (K / BK) * (SLAB * 64) + kt * (SLAB * 64) +
+                           16 * j * 64,
+                       16);
 #pragma unroll
         for (int i = 0; i < A_ROWS / 128; ++i)  // row tid + 128 i: slab tid / 64 + 2 i
           cp_async16(&s.meta.half[(tid + 128 * i) * 8],
-                     m_src + (slab_offset(tid / SLAB + 2 * i) - slab_offset(tid / SLAB)) * (K / 16) +
-                         kt * (BK / 16),
+                     m_src + (size_t)((slab_offset(tid / SLAB + 2 * i) - slab_offset(tid / SLAB)) / SLAB) * (K / BK) *
+                                 (SLAB * 8) +
+                         kt * (SLAB * 8),
                      16);
         if (SAMOYEDS && tid < SelT::CHUNKS)
           cp_async16(&sel_tiles[slot].byte[sel_dst], sel_src + (size_t)kt * SEGS * R, 16);

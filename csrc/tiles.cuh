@@ -55,6 +55,17 @@ template <int SEGS, int A_ROWS> struct SelTile {
   }
 };
 
+// Where the weights are in global memory. Packed values and metadata are stored tiled (kernels/weights.py): each
+// TILE_ROWS-row tile of an expert's rows holds, stage by stage, its rows' PER elements of that stage (64 values, or
+// 8 metadata halfwords), so one stage of a block's rows is whole kilobytes of contiguous memory. Row-major, a row's
+// 64 values of a stage sit K / 2 values apart: the decode GEMMs streamed FP8 values (64-byte pieces) at ~1.5 TB/s
+// against ~2.2 TB/s for bf16's 128-byte pieces, and tiled FP8 layers ran 15-25% faster at T = 16..256 (H100).
+// The offset of (row, stage) for a row counted over all experts (expert * R + r; R is whole tiles).
+template <int PER>
+__device__ __forceinline__ size_t tiled_offset(size_t row, int stage, int K) {
+  return ((row / TILE_ROWS) * (size_t)(K / BK) + stage) * (TILE_ROWS * PER) + (row % TILE_ROWS) * PER;
+}
+
 // The dynamic shared memory as an array of stages, 1 KB aligned (the 128-byte swizzle atoms of wgmma are 1 KB);
 // the host adds 1 KB to the size for this (kernels/plan.py, stage_bytes).
 template <typename StageT>

@@ -48,13 +48,14 @@ def _ours_packed(p: MoEProblem, name: str, label: str) -> MoEPath:
 
 def _ours_fp8(p: MoEProblem, name: str, label: str) -> MoEPath:
     """The samoyeds op with the same kept weights quantized to FP8 values (one scale per output row)."""
-    q13, q2 = (kernels.prepare_weights(quantize(w, p.pattern, FP8)) for w in (p.packed13, p.packed2))
+    n13, n2 = (quantize(kernels.checkpoint_layout(w), p.pattern, FP8) for w in (p.packed13, p.packed2))
 
     def dequantized(expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         return tuple(
-            decompress(kernels.checkpoint_layout(PackedWeight(*(t if t is None else t[expert] for t in q))), p.pattern)
-            for q in (q13, q2)
+            decompress(PackedWeight(*(t if t is None else t[expert] for t in q)), p.pattern) for q in (n13, n2)
         )
+
+    q13, q2 = kernels.prepare_weights(n13), kernels.prepare_weights(n2)
 
     per_expert = tensor_bytes(*(t[0] for t in (*q13, *q2) if t is not None))
     run = lambda: moe_experts(p.x, p.topk_weights, p.topk_ids, q13, q2, p.pattern)  # noqa: E731

@@ -23,7 +23,7 @@ from . import build
 from .geometry import ELEMENTWISE_THREADS, MAX_EXPERTS, ROUTE_THREADS, template_name
 from .params import MoEParams, PackedExperts, ptr, to_kernel_arg
 from .plan import LayerShape, device_of, plan_moe
-from .weights import check_weights
+from .weights import check_weights, dense_shape
 
 
 def moe_experts(
@@ -47,7 +47,7 @@ def moe_experts(
     num_experts = w13.values.shape[0]
     if num_experts > MAX_EXPERTS:
         raise SamoyedsError(f"the routing index handles at most {MAX_EXPERTS} experts per layer, not {num_experts}")
-    shape = LayerShape(x.shape[0], topk_ids.shape[1], num_experts, x.shape[1], w2.values.shape[2] * 2)
+    shape = LayerShape(x.shape[0], topk_ids.shape[1], num_experts, x.shape[1], dense_shape(w2)[1])
     fp8 = w13.scale is not None
     plan = plan_moe(shape, pattern, x.dtype, device, fp8)
     slots = shape.slots

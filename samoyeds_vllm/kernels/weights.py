@@ -1,16 +1,18 @@
 """Packed expert weights as the kernels read them, and which ones they can run.
 
-The kernels read the packed tensors of samoyeds_vllm.format as they are, with two layout changes that
-`prepare_weights` makes once, when the plugin loads the weights:
+The kernels read the packed tensors of samoyeds_vllm.format in their own layout, which `prepare_weights` makes
+once, when the plugin loads the weights:
+- values and metadata are tiled: [E, R / 64, K / 128, 64, PER] (PER: the 64 values, or the 8 metadata halfwords,
+  of one row and 128-input pipeline stage), so one stage of 64 rows is whole kilobytes of contiguous memory
+  (tiled_offset in csrc/tiles.cuh says why). Their five dimensions mark the kernels' layout;
+- FP8 values become uint8 bytes in the order of the mma.sp fragments (csrc/gemm_mma.cuh, fp8_fragment): within
+  each row's 64 values of a stage (4 k-steps of 16), thread t's four columns 2t, 2t+1, 2t+8, 2t+9 of each k-step
+  come together, so a thread loads a whole stage of its row with one 16-byte read;
 - rowsel [E, R, K/V] is stored segment-major ([E, K/V, R] in memory, same shape and values): the selections of a
   block's rows for one stage are then contiguous bytes, copied into shared memory with the stage (csrc/tiles.cuh,
-  SelTile);
-- FP8 values become uint8 bytes in the order of the mma.sp fragments (csrc/gemm_mma.cuh, fp8_fragment): within
-  each row's 64 values of a pipeline stage (4 k-steps of 16), thread t's four columns 2t, 2t+1, 2t+8, 2t+9 of each
-  k-step come together, so a thread loads a whole stage of its row with one 16-byte read. FP8 values and their
-  metadata are also tiled: each 64-row tile holds, stage by stage, its rows' values (4 KB) and metadata (1 KB)
-  contiguously (fp8_tile_offset in csrc/gemm_mma.cuh says why). The uint8 dtype marks the kernels' order of values
-  and metadata: a forward that meets float8 values, or rowsel in the checkpoint's layout, is refused.
+  SelTile).
+A forward that meets weights in another layout is refused; `checkpoint_layout` turns prepared weights back into
+the format's (the reference implementation reads that).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from ..errors import SamoyedsError
 from ..format import FP8, PackedWeight
-from .geometry import BK, SUPPORTED_DTYPES
+from .geometry import BK, SUPPORTED_DTYPES, TILE_ROWS
 from .plan import MIN_ROW_BLOCK
 
 FP8_KERNEL_ORDER = torch.uint8  # the dtype of FP8 values in the kernels' order
@@ -47,39 +49,53 @@ def fp8_checkpoint_order(values: torch.Tensor) -> torch.Tensor:
     return natural.view(FP8)
 
 
-TILE_ROWS = 64  # rows of a tile of FP8 values and metadata
+def _tiled(t: torch.Tensor) -> bool:
+    return t.dim() == 5
 
 
-def _tiles(t: torch.Tensor, per_stage: int, inverse: bool = False) -> torch.Tensor:
-    """[..., R, C] with C = stages * per_stage, row-major -> stage-major within 64-row tiles (or back)."""
-    *lead, rows, cols = t.shape
+def _tile(t: torch.Tensor, per_stage: int) -> torch.Tensor:
+    """[E, R, C] (C = stages * per_stage), row-major -> [E, R / TILE_ROWS, stages, TILE_ROWS, per_stage]."""
+    experts, rows, cols = t.shape
     if rows % TILE_ROWS:
-        raise SamoyedsError(f"samoyeds kernels: FP8 weights need whole {TILE_ROWS}-row tiles, not {rows} rows")
-    n = len(lead) + 1
-    shape = (*lead, rows // TILE_ROWS, TILE_ROWS, cols // per_stage, per_stage)
-    if inverse:
-        shape = (*lead, rows // TILE_ROWS, cols // per_stage, TILE_ROWS, per_stage)
-    return t.reshape(shape).transpose(n, n + 1).reshape(t.shape).contiguous()
+        raise SamoyedsError(f"samoyeds kernels: packed weights need whole {TILE_ROWS}-row tiles, not {rows} rows")
+    tiles = t.reshape(experts, rows // TILE_ROWS, TILE_ROWS, cols // per_stage, per_stage)
+    return tiles.transpose(2, 3).contiguous()
+
+
+def _untile(t: torch.Tensor) -> torch.Tensor:
+    experts, tiles, stages, rows, per_stage = t.shape
+    return t.transpose(2, 3).reshape(experts, tiles * rows, stages * per_stage).contiguous()
 
 
 def prepare_weights(packed: PackedWeight) -> PackedWeight:
-    """The packed weight in the kernels' layout: rowsel stored segment-major, FP8 values in fragment order and with
-    their metadata tiled (copies unless already so)."""
+    """The packed weight [E, ...] in the kernels' layout: values (FP8: in fragment order) and metadata tiled, rowsel
+    stored segment-major (copies; a prepared weight is returned as it is)."""
     rowsel = packed.rowsel
     if rowsel is not None and not _segment_major(rowsel):
         packed = packed._replace(rowsel=rowsel.transpose(-1, -2).contiguous().transpose(-1, -2))
-    if packed.values.dtype == FP8:
-        values = _tiles(fp8_kernel_order(packed.values), BK // 2)
-        packed = packed._replace(values=values, meta=_tiles(packed.meta, BK // 16))
-    return packed
+    if _tiled(packed.values):
+        return packed
+    values = fp8_kernel_order(packed.values) if packed.values.dtype == FP8 else packed.values
+    return packed._replace(values=_tile(values, BK // 2), meta=_tile(packed.meta, BK // 16))
 
 
 def checkpoint_layout(packed: PackedWeight) -> PackedWeight:
-    """The inverse of prepare_weights where it matters to other readers: FP8 values back in the format's order."""
-    if packed.values.dtype == FP8_KERNEL_ORDER:
-        values = fp8_checkpoint_order(_tiles(packed.values, BK // 2, inverse=True))
-        return packed._replace(values=values, meta=_tiles(packed.meta, BK // 16, inverse=True))
-    return packed
+    """The inverse of prepare_weights where it matters to other readers: values and metadata in the format's layout
+    (FP8 values as float8 in its order); rowsel's storage order does not change what it reads."""
+    if not _tiled(packed.values):
+        return packed
+    values = _untile(packed.values)
+    if values.dtype == FP8_KERNEL_ORDER:
+        values = fp8_checkpoint_order(values)
+    return packed._replace(values=values, meta=_untile(packed.meta))
+
+
+def dense_shape(packed: PackedWeight) -> tuple[int, int]:
+    """(packed rows R, dense inputs K) per expert of a packed weight in either layout."""
+    if _tiled(packed.values):
+        _, tiles, stages, rows, _ = packed.values.shape
+        return tiles * rows, stages * BK
+    return packed.values.shape[1], packed.values.shape[2] * 2
 
 
 def check_weights(**named: PackedWeight) -> None:
@@ -93,9 +109,10 @@ def check_weights(**named: PackedWeight) -> None:
                 f"samoyeds kernels: {name}_rowsel {tuple(packed.rowsel.shape)} is not stored segment-major; "
                 "pass the weights through samoyeds_vllm.kernels.prepare_weights when loading them"
             )
-        if packed.values.dtype == FP8:
+        if packed.values.dtype == FP8 or not (_tiled(packed.values) and _tiled(packed.meta)):
+            kind = "float8 values" if packed.values.dtype == FP8 else "values and metadata"
             raise SamoyedsError(
-                f"samoyeds kernels: {name}_values are float8 in the checkpoint's order; pass the weights through "
+                f"samoyeds kernels: {name}: {kind} in the checkpoint's order; pass the weights through "
                 "samoyeds_vllm.kernels.prepare_weights when loading them"
             )
         if (packed.values.dtype == FP8_KERNEL_ORDER) != (packed.scale is not None):
@@ -106,11 +123,12 @@ def supports(dtype: torch.dtype, w13: PackedWeight, w2: PackedWeight) -> bool:
     """Whether the kernels run these activations and packed weights (else the reference implementation runs):
     bf16 / fp16 activations, values of their dtype or FP8 (either order), whole 64-row weight blocks (gate/up: per
     half) and whole 128-input k tiles."""
+    (rows13, k13), (rows2, k2) = dense_shape(w13), dense_shape(w2)
     return (
         dtype in SUPPORTED_DTYPES
         and all(w.values.dtype in (dtype, FP8, FP8_KERNEL_ORDER) for w in (w13, w2))
-        and w13.values.shape[1] % (2 * MIN_ROW_BLOCK) == 0
-        and w2.values.shape[1] % MIN_ROW_BLOCK == 0
-        and (w13.values.shape[2] * 2) % BK == 0
-        and (w2.values.shape[2] * 2) % BK == 0
+        and rows13 % (2 * MIN_ROW_BLOCK) == 0
+        and rows2 % MIN_ROW_BLOCK == 0
+        and k13 % BK == 0
+        and k2 % BK == 0
     )

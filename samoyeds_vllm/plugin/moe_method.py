@@ -176,7 +176,7 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
             return
         for name in ("w13", "w2"):  # the one conversion into the kernels' layout (the op checks it)
             stored = kernels.prepare_weights(self._packed(layer, name))
-            for part in ("values", "rowsel"):
+            for part in ("values", "meta", "rowsel"):
                 if getattr(stored, part) is not None:
                     getattr(layer, f"{name}_{SUFFIXES[part]}").data = getattr(stored, part)
 

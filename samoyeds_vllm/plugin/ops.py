@@ -54,8 +54,9 @@ def _moe_experts_op(
     pattern: str,  # Pattern.name
     segment: int | None,  # Pattern.segment
 ) -> torch.Tensor:
-    w13 = PackedWeight(w13_values, w13_meta, w13_rowsel, w13_scale)
-    w2 = PackedWeight(w2_values, w2_meta, w2_rowsel, w2_scale)
+    # the format's layout, or the kernels' (weights prepared for them, e.g. by tools.moe_problem, on a CPU tensor)
+    w13 = kernels.checkpoint_layout(PackedWeight(w13_values, w13_meta, w13_rowsel, w13_scale))
+    w2 = kernels.checkpoint_layout(PackedWeight(w2_values, w2_meta, w2_rowsel, w2_scale))
     return _unpacked_reference(x, topk_weights, topk_ids, w13, w2, _pattern(pattern, segment))
 
 

@@ -112,10 +112,15 @@ def test_split_k_through_kernel_configs(splits):
 
 
 def test_weights_in_another_layout_are_refused():
-    """The row selections must be stored as the plugin stores them after loading; the op never copies them."""
+    """Values, metadata and row selections must be stored as the plugin stores them after loading; the op never
+    copies them."""
     problem = make_problem(preset_shape("olmoe-1b-7b"), PATTERNS["samoyeds"], 8, seed=8)
-    problem.packed13 = problem.packed13._replace(rowsel=problem.packed13.rowsel.contiguous())
+    prepared = problem.packed13
+    problem.packed13 = prepared._replace(rowsel=prepared.rowsel.contiguous())
     with pytest.raises(SamoyedsError, match="w13_rowsel .* is not stored segment-major"):
+        run_sparse(problem)
+    problem.packed13 = kernels.checkpoint_layout(prepared)
+    with pytest.raises(SamoyedsError, match="w13: values and metadata in the checkpoint's order"):
         run_sparse(problem)
 
 
@@ -173,5 +178,5 @@ def test_fp8_values_close_to_their_unquantized_layer():
 def test_fp8_values_in_the_checkpoint_order_are_refused():
     problem = make_problem(preset_shape("olmoe-1b-7b"), PATTERNS["2:4"], 8, seed=8, values=FP8)
     problem.packed13 = kernels.checkpoint_layout(problem.packed13)
-    with pytest.raises(SamoyedsError, match="float8 in the checkpoint's order"):
+    with pytest.raises(SamoyedsError, match="w13: float8 values in the checkpoint's order"):
         run_sparse(problem)

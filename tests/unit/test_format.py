@@ -170,15 +170,15 @@ def test_check_packed_finds_corruption():
 
 @pytest.mark.parametrize("pattern", [Pattern.parse("2:4"), Pattern.parse("samoyeds", 32), Pattern.parse("samoyeds")])
 def test_fp8_values_keep_positions_and_scale_each_output_row(pattern):
-    w = prune(torch.randn(3, 64, 256, dtype=torch.bfloat16), pattern)
+    w = prune(torch.randn(3, 64, 256, generator=torch.Generator().manual_seed(0)).bfloat16(), pattern)
     packed = compress(w, pattern)
     q = quantize(packed, pattern)
     assert q.values.dtype == FP8 and q.scale.shape == (3, 64) and q.scale.dtype == torch.float32
     assert torch.equal(q.meta, packed.meta) and (q.rowsel is None or torch.equal(q.rowsel, packed.rowsel))
     check_packed(q, pattern, tuple(w.shape))
     dense = decompress(q, pattern)
-    # each row's largest kept magnitude maps to FP8_MAX exactly, so it comes back exactly
-    assert torch.equal(dense.abs().amax(-1), w.float().abs().amax(-1))
+    # each row's largest kept magnitude maps to FP8_MAX, so it comes back (to float32 rounding of scale * 448)
+    assert torch.allclose(dense.abs().amax(-1), w.float().abs().amax(-1), rtol=1e-6, atol=0)
     assert bool(((dense != 0) <= (w != 0)).all())  # nothing outside the pattern
     assert float((dense - w.float()).norm() / w.float().norm()) < 0.035  # e4m3: 3 mantissa bits
     assert float(q.values.float().abs().max()) == FP8_MAX

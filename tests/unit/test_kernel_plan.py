@@ -163,3 +163,29 @@ def test_prepare_weights_stores_rowsel_segment_major_with_the_same_values():
     assert stored.rowsel.stride() == (64 * 8, 1, 64)  # segment s of row r at byte s * R + r of the expert
     assert prepare_weights(stored).rowsel is stored.rowsel
     assert prepare_weights(packed._replace(rowsel=None)).rowsel is None
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_prepared_values_and_metadata_are_tiled_stage_major(fp8):
+    """Values and metadata in the kernels' layout: [E, R / 64, K / 128, 64, PER], the element (row, stage, i) at
+    csrc/tiles.cuh's tiled_offset; checkpoint_layout gives the format's tensors back exactly."""
+    from samoyeds_vllm.format import FP8, compress, prune, quantize
+    from samoyeds_vllm.kernels import checkpoint_layout
+
+    pattern = Pattern.parse("samoyeds")
+    w = prune(torch.randn(2, 256, 512, generator=torch.Generator().manual_seed(1)).bfloat16(), pattern)
+    packed = compress(w, pattern)
+    if fp8:
+        packed = quantize(packed, pattern, FP8)
+    stored = prepare_weights(packed)
+    assert stored.values.shape == (2, 128 // 64, 512 // 128, 64, 64) and stored.meta.shape == (2, 2, 4, 64, 8)
+    assert prepare_weights(stored) is stored
+    back = checkpoint_layout(stored)
+    assert back.values.dtype == packed.values.dtype and torch.equal(back.meta, packed.meta)
+    assert torch.equal(back.values.view(torch.uint8), packed.values.view(torch.uint8))
+    expert, row, stage, i = 1, 70, 3, 5  # tiled_offset(expert * R + row, stage, K) + i
+    r = expert * 128 + row
+    assert (
+        stored.meta.reshape(-1)[((r // 64) * 4 + stage) * 64 * 8 + (r % 64) * 8 + i]
+        == packed.meta[expert, row, stage * 8 + i]
+    )
