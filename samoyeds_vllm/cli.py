@@ -150,8 +150,11 @@ def _bench_moe(args: argparse.Namespace) -> None:
 def _bench_e2e(args: argparse.Namespace) -> None:
     import shlex
 
-    from .bench.e2e import PROBE_FACTORS, VARIANTS, Workload, bench_e2e
-    from .format import Pattern
+    from .bench.e2e import PROBE_FACTORS, STAGES, VARIANTS, Workload, bench_e2e, report
+
+    if args.report:
+        report(Path(args.out))
+        return
 
     def pairs(text):
         try:
@@ -159,19 +162,45 @@ def _bench_e2e(args: argparse.Namespace) -> None:
         except ValueError:
             raise SamoyedsError(f"--mixes wants INPUT:OUTPUT pairs separated by commas, not {text!r}") from None
 
-    variants = [v for v in args.variants.split(",") if v]
-    if unknown := set(variants) - set(VARIANTS):
-        raise SamoyedsError(f"--variants takes {', '.join(VARIANTS)}, not {', '.join(sorted(unknown))}")
+    def names(option, text, known):
+        chosen = [n for n in text.split(",") if n]
+        if unknown := set(chosen) - set(known):
+            raise SamoyedsError(f"{option} takes {', '.join(known)}, not {', '.join(sorted(unknown))}")
+        return chosen
+
+    def counts(option, text):
+        try:
+            return tuple(int(n) for n in text.split(",") if n)
+        except ValueError:
+            raise SamoyedsError(f"{option} wants comma-separated counts, not {text!r}") from None
+
+    variants = names("--variants", args.variants, VARIANTS)
+    stages = names("--stages", args.stages, STAGES)
+    mixes, batch_sizes = pairs(args.mixes), counts("--batch-sizes", args.batch_sizes)
+    if args.quick:  # the offline decode table only, at the batch sizes where the targets are
+        stages, mixes, batch_sizes = ["offline"], [(128, 128)], (1, 16, 64, 256)
+    if any(VARIANTS[v].model.needs_cuda for v in variants):
+        import torch
+
+        if not torch.cuda.is_available():
+            fp8 = [v for v in variants if VARIANTS[v].model.needs_cuda]
+            raise SamoyedsError(
+                f"{', '.join(fp8)} run vLLM's FP8 block-quantized layers, which need an NVIDIA GPU (vLLM's CPU "
+                "backend has no kernel for them); without one, run "
+                + ",".join(v for v in VARIANTS if not VARIANTS[v].model.needs_cuda)
+            )
     work = Workload(
-        mixes=tuple(pairs(args.mixes)),
-        num_prompts=args.num_prompts,
-        concurrencies=tuple(int(c) for c in args.concurrency.split(",")),
+        mixes=tuple(mixes),
+        batch_sizes=batch_sizes,
+        concurrencies=counts("--concurrency", args.concurrency),
         prompts_per_client=args.prompts_per_client,
         seq_len=args.seq_len,
         probe_factors=tuple(float(f) for f in args.probe_factors.split(",")) if args.probe_factors else PROBE_FACTORS,
         engine_args=tuple(shlex.split(args.engine_args)),
+        stages=tuple(s for s in STAGES if s in stages),
+        engine_timeout=args.engine_timeout,
     )
-    bench_e2e(args.model, Pattern.parse(args.pattern, args.segment), Path(args.out), work, variants)
+    bench_e2e(args.model, Path(args.out), work, variants, args.segment)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -302,27 +331,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_bench_moe)
 
-    p = bench.add_parser("e2e", help="dense vLLM vs samoyeds end to end: throughput, serving, memory (GPU)")
+    p = bench.add_parser(
+        "e2e", help="dense vLLM (bf16, FP8) vs samoyeds (bf16, FP8) end to end: throughput, serving, memory (GPU)"
+    )
     p.add_argument("--model", default="qwen3-30b-a3b", help="a real-shape preset of configs/models")
-    p.add_argument("--pattern", default="samoyeds", choices=["2:4", "samoyeds"])
-    p.add_argument("--segment", type=int, default=None)
+    p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V of the samoyeds variants")
     p.add_argument("--out", required=True, help="directory for JSON, markdown, plots and logs")
-    p.add_argument("--mixes", default="128:128,1024:256,4096:64", help="offline INPUT:OUTPUT token mixes")
-    p.add_argument("--num-prompts", type=int, default=200)
-    p.add_argument("--concurrency", default="1,4,16,64,256", help="serving client concurrencies")
-    p.add_argument("--prompts-per-client", type=int, default=4, help="serving requests per concurrent client")
     p.add_argument(
         "--variants",
-        default="dense,samoyeds",
-        help="which to run now; results accumulate in OUT (a run cut short resumes), and the "
-        "comparison is written once both are there",
+        default="dense,dense-fp8,samoyeds,samoyeds-fp8",
+        help="which to run now, of dense, dense-fp8 (vLLM's FP8 MoE, its default kernels), dense-fp8-deepgemm, "
+        "samoyeds, samoyeds-fp8, 2of4, 2of4-fp8; results accumulate in OUT (a run cut short resumes), and the "
+        "comparison covers every variant there",
     )
+    p.add_argument("--stages", default="offline,serving,capacity", help="which measurements, comma-separated")
+    p.add_argument("--mixes", default="128:128,1024:256,4096:64", help="offline INPUT:OUTPUT token mixes")
+    p.add_argument("--batch-sizes", default="1,16,64,256,1024", help="offline prompts per generate, comma-separated")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="offline 128:128 at batch sizes 1,16,64,256 only (one engine per variant)",
+    )
+    p.add_argument("--concurrency", default="1,4,16,64,256", help="serving client concurrencies")
+    p.add_argument("--prompts-per-client", type=int, default=4, help="serving requests per concurrent client")
     p.add_argument("--seq-len", type=int, default=4096, help="sequence length for the max-concurrency probe")
     p.add_argument(
         "--probe-factors",
         help="max-concurrency probes as multiples of vLLM's own estimate, comma-separated (default: from 0.5 to 1.25)",
     )
-    p.add_argument("--engine-args", default="", help="extra engine flags for both variants, quoted")
+    p.add_argument("--engine-args", default="", help="extra engine flags for every variant, quoted")
+    p.add_argument(
+        "--engine-timeout", type=float, default=3600.0, help="seconds one offline engine may run (default 3600)"
+    )
+    p.add_argument("--report", action="store_true", help="only write the comparison of what OUT holds")
     p.set_defaults(func=_bench_e2e)
     return parser
 

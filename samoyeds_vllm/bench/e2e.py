@@ -1,25 +1,47 @@
-"""`samoyeds-vllm bench e2e`: dense vLLM against the samoyeds method, same GPU, same engine settings.
+"""`samoyeds-vllm bench e2e`: what users run (vLLM's dense MoE in bf16 and FP8) against the samoyeds method in
+bf16 and FP8, whole model, same GPU, same engine settings.
 
-Both variants are config-only models of a real shape with dummy weights (no download): the dense one as vLLM
-serves it, the sparse one marked as a packed samoyeds checkpoint so vLLM allocates only packed expert weights.
-Each variant runs in its own processes (`vllm bench throughput`, and `vllm serve` under `vllm bench serve`):
-- throughput: offline generation of random-token workloads (input/output length mixes);
-- serving: TTFT, TPOT and output tokens/s at increasing client concurrency;
-- memory: model weight memory and KV-cache capacity from the engine log, and the largest number of concurrent
+Every variant is a config-only model of a real shape with dummy weights (no download), a model maker and the
+environment its processes get (VARIANTS): dense bf16 as vLLM serves it; dense FP8 quantized like Qwen3-*-FP8
+(128 x 128 blocks), served by vLLM's own FP8 MoE (Triton by default on Hopper, DeepGEMM in `dense-fp8-deepgemm`);
+and the same config marked as a packed samoyeds or 2:4 checkpoint, bf16 or FP8 values, so vLLM allocates only the
+packed experts. The FP8 dense variants skip vLLM's DeepGEMM warm-up at engine start (over ten minutes
+precompiling about a thousand shapes); the untimed runs below compile what the timed runs need instead.
+
+Stages, each variant in its own processes, one engine at a time (the next starts once the GPU memory of the last
+is back, so each sizes its KV cache on the same free memory):
+- offline: one `vllm.LLM` per variant and input/output mix (bench/offline.py, in a subprocess) runs every batch
+  size: for each, an untimed `generate` of the same shape (same number of prompts, same lengths, other random
+  tokens), then the timed one; output tokens/s = generated tokens / wall time of the timed generate. So Triton and
+  DeepGEMM JIT compilation happen in the untimed run, never in the timed one. `vllm bench throughput` could warm
+  up too (`--num-warmups`, same engine), but it starts an engine per call and a call runs one batch size: five
+  engine starts per mix where this needs one, and engine starts are most of the time of a run;
+- serving: `vllm serve` under `vllm bench serve` (random tokens, `--ignore-eos`) at each client concurrency C:
+  first an untimed round of C requests at concurrency C (the same prefill and decode batch shapes), then the timed
+  run of C x prompts-per-client requests; output tokens/s, TTFT and TPOT (mean, median, p99). Every call draws
+  other random prompts (its own seed), so no timed request finds its prompt in the prefix cache;
+- capacity: model weight memory and KV-cache size from the engine log, and the largest number of concurrent
   sequences of a given length served without preemption, measured by probing concurrencies around vLLM's own
   estimate while polling the server's /metrics.
-Results go to OUT as JSON, a markdown table and PNG plots.
+Each variant's results go to OUT/variant-NAME.json after every step, with the environment variables and engine
+flags its processes got, what vLLM resolved them to, the device, the date and the versions; the comparison
+(results.json, results.md, PNG plots) puts every variant measured side by side, ratios against the best dense
+variant at each point.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -27,10 +49,129 @@ from tqdm import tqdm
 from ..errors import SamoyedsError
 from ..format import Pattern
 from ..tools.model_maker import preset_model
-from ..tools.vllm_server import VllmServer, parse_engine_log, vllm_command
+from ..tools.vllm_server import (
+    VllmServer,
+    gpu_memory_used,
+    gpu_processes,
+    parse_engine_log,
+    vllm_command,
+    wait_for_gpu_memory,
+)
 
-VARIANTS = ("dense", "samoyeds")
+HARNESS = 2  # results measured by an earlier harness (no untimed runs) are not resumed into this one's
 PROBE_FACTORS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25)
+BATCH_SIZES = (1, 16, 64, 256, 1024)
+STAGES = ("offline", "serving", "capacity")
+
+
+@dataclass(frozen=True)
+class ModelMaker:
+    """Writes a variant's config-only model: dense (pattern None) as vLLM serves it, or a packed `pattern`
+    checkpoint; `fp8`: FP8 block-128 weights for a dense model, FP8 values for a sparse one."""
+
+    pattern: str | None = None  # "samoyeds" or "2:4"
+    fp8: bool = False
+
+    @property
+    def dense(self) -> bool:
+        return self.pattern is None
+
+    @property
+    def needs_cuda(self) -> bool:
+        """vLLM's CPU backend has no FP8 block-quantized linear or MoE; our FP8 values have a CPU reference."""
+        return self.dense and self.fp8
+
+    def describe(self, segment: int | None) -> str:
+        if self.dense:
+            return "dense, FP8 128x128 blocks" if self.fp8 else "dense, bf16"
+        return f"{self._pattern(segment)}, {'FP8' if self.fp8 else 'bf16'} values"
+
+    def _pattern(self, segment: int | None) -> Pattern:
+        return Pattern.parse(self.pattern, segment if self.pattern == "samoyeds" else None)
+
+    def __call__(self, preset: str, segment: int | None, out: Path) -> Path:
+        if self.dense:
+            return preset_model(preset, out, fp8_block=self.fp8)
+        from ..format import FP8
+
+        return preset_model(preset, out, self._pattern(segment), sparse_values=FP8 if self.fp8 else None)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A name, its model and what its processes' environment adds (a value None unsets the variable)."""
+
+    name: str
+    model: ModelMaker
+    env: Mapping[str, str | None] = field(default_factory=dict)
+
+
+# vLLM picks its FP8 MoE kernels itself unless these are set (an explicit 1 forces DeepGEMM): every variant runs
+# with them unset, as a user gets it, except the one that asks for DeepGEMM.
+_VLLM_DEFAULT_MOE = {"VLLM_USE_DEEP_GEMM": None, "VLLM_MOE_USE_DEEP_GEMM": None}
+_FP8_DENSE = {**_VLLM_DEFAULT_MOE, "VLLM_DEEP_GEMM_WARMUP": "skip"}
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("dense", ModelMaker(), _VLLM_DEFAULT_MOE),
+        Variant("dense-fp8", ModelMaker(fp8=True), _FP8_DENSE),
+        Variant(
+            "dense-fp8-deepgemm",
+            ModelMaker(fp8=True),
+            {**_FP8_DENSE, "VLLM_USE_DEEP_GEMM": "1", "VLLM_MOE_USE_DEEP_GEMM": "1"},
+        ),
+        Variant("samoyeds", ModelMaker("samoyeds"), _VLLM_DEFAULT_MOE),
+        Variant("samoyeds-fp8", ModelMaker("samoyeds", fp8=True), _VLLM_DEFAULT_MOE),
+        Variant("2of4", ModelMaker("2:4"), _VLLM_DEFAULT_MOE),
+        Variant("2of4-fp8", ModelMaker("2:4", fp8=True), _VLLM_DEFAULT_MOE),
+    )
+}
+DEFAULT_VARIANTS = ("dense", "dense-fp8", "samoyeds", "samoyeds-fp8")
+
+
+def variant_env(variant: Variant) -> dict[str, str]:
+    """The whole environment of a variant's processes."""
+    return {k: v for k, v in {**os.environ, **variant.env}.items() if v is not None}
+
+
+def recorded_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What of an environment can change what vLLM runs: its own variables and the visible GPUs."""
+    return {k: env[k] for k in sorted(env) if k.startswith("VLLM_") or k == "CUDA_VISIBLE_DEVICES"}
+
+
+def environment() -> dict:
+    """Device, versions and date of a measurement, read without touching the GPU (this process holds no CUDA
+    context, so every engine gets the same free memory)."""
+    import platform
+
+    import torch
+
+    try:
+        from vllm.version import __version__ as vllm_version
+    except ImportError:
+        vllm_version = None
+    device = None
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        gpus = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+        if gpus:
+            device = f"{len(gpus)} x {gpus[0]}" if len(gpus) > 1 else gpus[0]
+    except (subprocess.SubprocessError, OSError):
+        pass
+    if device is None:
+        cpu = (
+            re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+            if os.path.exists("/proc/cpuinfo")
+            else None
+        )
+        device = f"CPU: {cpu[1] if cpu else platform.processor() or platform.machine()}"
+    return {"device": device, "vllm": vllm_version, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
 
 
 def _run(cmd: list[str], log: Path, timeout: float) -> str:
@@ -42,7 +183,79 @@ def _run(cmd: list[str], log: Path, timeout: float) -> str:
     return text
 
 
-def _random_requests(mix: tuple[int, int], num_prompts: int) -> list[str]:
+def _run_group(cmd: list[str], log: Path, env: Mapping[str, str], timeout: float) -> int | None:
+    """Runs `cmd` in a process group of its own and ends the whole group afterwards, however this ends (engine
+    processes can outlive the process that started them). The exit code, or None after `timeout` seconds."""
+    with open(log, "w") as f:
+        process = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True)
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+
+def _json_lines(path: Path) -> list[dict]:
+    """The records of a JSON-lines file; a line cut short by a killed writer is left out."""
+    records = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return records
+
+
+class _NotStarted(SamoyedsError):
+    """The variant's engine did not start (a model too large for the GPU, typically)."""
+
+
+def run_offline(
+    model: Path,
+    mix: tuple[int, int],
+    batch_sizes: list[int],
+    engine_args: list[str],
+    env: Mapping[str, str],
+    out: Path,
+    timeout: float,
+    record: Callable[[dict | None, list[dict], str], None],
+) -> None:
+    """One engine (bench/offline.py) generating `mix` = (input, output) tokens at each of `batch_sizes`, each timed
+    run after an untimed one of its shape. `record(engine, results, log)` gets what it measured, also when it
+    failed or this process is interrupted; a run that did not finish then raises (_NotStarted when the engine
+    never started)."""
+    tag = f"{model.name}-{mix[0]}x{mix[1]}"
+    spec_path, results_path, log = (out / f"offline-{tag}{ext}" for ext in (".spec.json", ".jsonl", ".log"))
+    results_path.unlink(missing_ok=True)
+    spec = {
+        "model": str(model),
+        "engine_args": engine_args,
+        "input_len": mix[0],
+        "output_len": mix[1],
+        "batch_sizes": batch_sizes,
+        "seed": 0,
+        "results": str(results_path),
+    }
+    spec_path.write_text(json.dumps(spec, indent=2) + "\n")
+    code = "interrupted"
+    try:
+        code = _run_group([sys.executable, "-m", "samoyeds_vllm.bench.offline", str(spec_path)], log, env, timeout)
+    finally:
+        lines = _json_lines(results_path)
+        engine = next((line["engine"] for line in lines if "engine" in line), None)
+        record(engine, [line for line in lines if "engine" not in line], log.read_text(errors="replace"))
+    if code != 0:
+        why = f"timed out after {timeout:.0f} s" if code is None else f"exit {code}"
+        error = _NotStarted if engine is None else SamoyedsError
+        raise error(f"offline run of {tag} failed ({why}); log {log}:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def _random_requests(mix: tuple[int, int], num_prompts: int, seed: int) -> list[str]:
     """`vllm bench` arguments for `num_prompts` random-token requests of mix = (input, output) tokens."""
     return [
         "--dataset-name",
@@ -53,45 +266,20 @@ def _random_requests(mix: tuple[int, int], num_prompts: int) -> list[str]:
         str(mix[1]),
         "--num-prompts",
         str(num_prompts),
+        "--seed",
+        str(seed),
     ]
 
 
-def run_throughput(model: Path, mix: tuple[int, int], num_prompts: int, engine_args: list[str], out: Path) -> dict:
-    """`vllm bench throughput` on `num_prompts` random requests of mix = (input, output) tokens."""
-    tag = f"{model.name}-{mix[0]}x{mix[1]}"
-    result_json = out / f"throughput-{tag}.json"
-    text = _run(
-        [
-            *vllm_command(),
-            "bench",
-            "throughput",
-            "--model",
-            str(model),
-            "--load-format",
-            "dummy",
-            *_random_requests(mix, num_prompts),
-            "--output-json",
-            str(result_json),
-            *engine_args,
-        ],
-        out / f"throughput-{tag}.log",
-        timeout=3600,
-    )
-    result = json.loads(result_json.read_text())
-    output_tps = re.search(r"Throughput: .*?([\d.]+) output tokens/s", text)
-    return {
-        "input_len": mix[0],
-        "output_len": mix[1],
-        "num_prompts": num_prompts,
-        "requests_per_s": result["requests_per_second"],
-        "total_tokens_per_s": result["tokens_per_second"],
-        "output_tokens_per_s": float(output_tps[1]) if output_tps else None,
-        **parse_engine_log(text),
-    }
-
-
 def _bench_serve(
-    server: VllmServer, model: Path, mix: tuple[int, int], concurrency: int, num_prompts: int, out: Path, tag: str
+    server: VllmServer,
+    model: Path,
+    mix: tuple[int, int],
+    concurrency: int,
+    num_prompts: int,
+    out: Path,
+    tag: str,
+    seed: int,
 ) -> dict:
     name = f"serve-{tag}.json"
     _run(
@@ -105,7 +293,7 @@ def _bench_serve(
             server.url,
             "--model",
             str(model),
-            *_random_requests(mix, num_prompts),
+            *_random_requests(mix, num_prompts, seed),
             "--max-concurrency",
             str(concurrency),
             "--ignore-eos",
@@ -122,12 +310,15 @@ def _bench_serve(
     r = json.loads((out / name).read_text())
     return {
         "concurrency": concurrency,
+        "num_prompts": num_prompts,
         "output_tokens_per_s": r.get("output_throughput"),
-        "mean_ttft_ms": r.get("mean_ttft_ms"),
-        "p99_ttft_ms": r.get("p99_ttft_ms"),
-        "mean_tpot_ms": r.get("mean_tpot_ms"),
-        "p99_tpot_ms": r.get("p99_tpot_ms"),
+        **{
+            f"{stat}_{metric}_ms": r.get(f"{stat}_{metric}_ms")
+            for metric in ("ttft", "tpot")
+            for stat in ("mean", "median", "p99")
+        },
         "completed": r.get("completed"),
+        "date": time.strftime("%Y-%m-%d"),
     }
 
 
@@ -180,7 +371,8 @@ def measure_max_seqs(
         if any(p["concurrency"] == c for p in probes):
             continue
         with _MetricsPoller(server.url) as poll:
-            _bench_serve(server, model, (seq_len - output_len, output_len), c, c, out, f"{tag}-maxseqs-{c}")
+            mix = (seq_len - output_len, output_len)
+            _bench_serve(server, model, mix, c, c, out, f"{tag}-maxseqs-{c}", seed=1_000_000 + c)
         probes.append({"concurrency": c, "peak_running": poll.peak_running, "preemptions": poll.preemptions})
         save()
     clean = [p for p in probes if p["preemptions"] == 0]
@@ -191,82 +383,140 @@ def measure_max_seqs(
 
 @dataclass(frozen=True)
 class Workload:
-    """What each variant runs: offline mixes of (input, output) tokens, serving concurrencies (with
-    `prompts_per_client` requests per client, on the first mix), the sequence length of the concurrency probe
-    (probes at `probe_factors` times vLLM's estimate) and extra engine flags for both variants."""
+    """What each variant runs: `stages` (of STAGES); offline mixes of (input, output) tokens at `batch_sizes`
+    prompts each; serving concurrencies (`prompts_per_client` requests per client, on the first mix); the
+    sequence length of the capacity probe (probes at `probe_factors` times vLLM's estimate); extra engine flags
+    for every variant; the longest one offline engine may run, in seconds."""
 
     mixes: tuple[tuple[int, int], ...] = ((128, 128), (1024, 256), (4096, 64))
-    num_prompts: int = 200
+    batch_sizes: tuple[int, ...] = BATCH_SIZES
     concurrencies: tuple[int, ...] = (1, 4, 16, 64, 256)
     prompts_per_client: int = 4
     seq_len: int = 4096
     probe_factors: tuple[float, ...] = PROBE_FACTORS
     engine_args: tuple[str, ...] = ()
+    stages: tuple[str, ...] = STAGES
+    engine_timeout: float = 3600.0
+
+    def steps(self) -> int:
+        """Progress steps per variant: an offline engine per mix, a serving level per concurrency, the probe."""
+        offline = len(self.mixes) if "offline" in self.stages else 0
+        serving = len(self.concurrencies) if "serving" in self.stages else 0
+        return offline + serving + ("capacity" in self.stages)
 
 
-def run_variant(model: Path, work: Workload, out: Path, progress, result: dict, save) -> None:
+def run_variant(
+    variant: Variant, model: Path, work: Workload, out: Path, progress, result: dict, save, baseline
+) -> None:
     """Measures one variant into `result`, skipping what it already holds (a run cut short resumes) and calling
     `save` after each step."""
-    mixes, engine_args = [tuple(m) for m in work.mixes], list(work.engine_args)
+    mixes, engine_args = [tuple(m) for m in work.mixes], ["--load-format", "dummy", *work.engine_args]
+    env = variant_env(variant)
+    result["env"] = recorded_env(env)
+    result["engine_args"] = engine_args
     throughput = result.setdefault("throughput", [])
-    for mix in mixes:
-        if not any((r["input_len"], r["output_len"]) == mix for r in throughput):
-            throughput.append(run_throughput(model, mix, work.num_prompts, engine_args, out))
-            save()
+    engines = result.setdefault("offline_engines", {})
+    for mix in mixes if "offline" in work.stages else []:
+        done = {r["batch_size"] for r in throughput if (r["input_len"], r["output_len"]) == mix}
+        todo = [b for b in work.batch_sizes if b not in done]
+        if todo:
+            key = f"{mix[0]}x{mix[1]}"
+
+            def record(engine, measured, log, key=key):
+                if engine is not None:
+                    engines[key] = {**engine, **parse_engine_log(log)}
+                throughput.extend(measured)
+                throughput.sort(key=lambda row: (row["input_len"], row["output_len"], row["batch_size"]))
+                save()
+
+            wait_for_gpu_memory(baseline)
+            try:
+                run_offline(model, mix, todo, engine_args, env, out, work.engine_timeout, record)
+            except _NotStarted as e:
+                if throughput:  # it ran before: not a model that does not fit
+                    raise SamoyedsError(str(e)) from None
+                result["failed"] = str(e)[-2000:]  # what the engine said before it died
+                save()
+                raise
         progress.update()
+    if "serving" not in work.stages and "capacity" not in work.stages:
+        return
     serving = result.setdefault("serving", {"input_len": mixes[0][0], "output_len": mixes[0][1], "levels": []})
     memory = result.setdefault("memory", {})
     measured = memory.setdefault("measured", {})
     todo = [c for c in work.concurrencies if c not in {lv["concurrency"] for lv in serving["levels"]}]
-    if not todo and "max_seqs_without_preemption" in measured:
-        progress.update(len(work.concurrencies) + 1)
+    todo = todo if "serving" in work.stages else []
+    probe = "capacity" in work.stages and "max_seqs_without_preemption" not in measured
+    if not todo and not probe:
         return
     log = out / f"server-{model.name}.log"
-    with VllmServer(model, ["--load-format", "dummy", *engine_args], log_path=log) as server:
+    wait_for_gpu_memory(baseline)
+    server = VllmServer(model, engine_args, log_path=log, env=dict(variant.env))
+    try:
+        server.__enter__()  # not `with`: a server that does not start is told apart from one that fails later
+    except SamoyedsError as e:
+        if not throughput and not serving["levels"]:
+            result["failed"] = str(e)[-2000:]
+            save()
+            raise _NotStarted(str(e)) from None
+        raise
+    try:
         memory.update(parse_engine_log(log.read_text(errors="replace")))
-        progress.update(len(work.concurrencies) - len(todo))
         for c in todo:
-            serving["levels"].append(
-                _bench_serve(
-                    server,
-                    model,
-                    (serving["input_len"], serving["output_len"]),
-                    c,
-                    work.prompts_per_client * c,
-                    out,
-                    f"{model.name}-c{c}",
-                )
-            )
+            mix = (serving["input_len"], serving["output_len"])
+            # Untimed: one request per client, so this concurrency's batch shapes are compiled and captured.
+            _bench_serve(server, model, mix, c, c, out, f"{model.name}-c{c}-warmup", seed=2 * c + 1)
+            level = _bench_serve(server, model, mix, c, work.prompts_per_client * c, out, f"{model.name}-c{c}", 2 * c)
+            serving["levels"].append(level)
             serving["levels"].sort(key=lambda lv: lv["concurrency"])
             save()
             progress.update()
-        if "max_seqs_without_preemption" not in measured:
+        if probe:
             estimate = memory.get("kv_cache_tokens", 0) / work.seq_len
             measure_max_seqs(server, model, work.seq_len, estimate, out, model.name, work.probe_factors, measured, save)
-        progress.update()
+            progress.update()
+    finally:
+        server.stop()
 
 
-def variant_model(preset: str, pattern: Pattern, variant: str, out: Path) -> Path:
-    """The model of `variant` under OUT/models (dummy weights): dense, or marked as a packed `pattern` checkpoint."""
-    return preset_model(preset, out / "models" / variant, pattern if variant == "samoyeds" else None)
+# What every variant of one comparison must share (the variant's own model and environment may differ).
+COMMON_SETTINGS = ("harness", "preset", "segment", "engine_args", "device", "vllm", "torch")
 
 
-def bench_e2e(preset: str, pattern: Pattern, out: Path, work: Workload = Workload(), variants=VARIANTS) -> dict | None:
-    """Runs `variants` (both by default) and, once OUT holds both, writes the comparison. Each variant's results
-    go to OUT/variant-NAME.json after every step; a later call with the same settings and OUT resumes there
-    (so one variant per call fits a time-limited machine). A variant that cannot start (a dense model too
-    large for the GPU) is recorded as such, with the reason."""
+def bench_e2e(
+    preset: str,
+    out: Path,
+    work: Workload = Workload(),
+    variants=DEFAULT_VARIANTS,
+    segment: int | None = None,
+) -> dict | None:
+    """Runs `variants` (names of VARIANTS) and writes the comparison of every variant OUT holds. Each variant's
+    results go to OUT/variant-NAME.json after every step; a later call with the same settings on the same kind
+    of device resumes there (so a few variants per call fit a time-limited machine). A dense variant that
+    cannot start (a model too large for the GPU) is recorded as such, with the reason."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"preset": preset, "pattern": str(pattern), "engine_args": list(work.engine_args)}
-    steps = len(variants) * (len(work.mixes) + len(work.concurrencies) + 1)
-    with tqdm(total=steps, desc="bench e2e") as progress:
-        for variant in variants:
-            progress.set_postfix_str(variant)
-            path = out / f"variant-{variant}.json"
+    measured_on = environment()
+    common = {
+        "harness": HARNESS,
+        "preset": preset,
+        "segment": segment,
+        "engine_args": list(work.engine_args),
+        **{k: measured_on[k] for k in ("device", "vllm", "torch")},
+    }
+    baseline = gpu_memory_used()
+    if baseline and any(used > 1.0 for used in baseline):
+        print(f"warning: GPU memory in use before the first engine ({gpu_processes()}); engines get less")
+    with tqdm(total=len(variants) * work.steps(), desc="bench e2e") as progress:
+        for name in variants:
+            variant = VARIANTS[name]
+            start = progress.n
+            progress.set_postfix_str(name)
+            path = out / f"variant-{name}.json"
+            settings = {**common, "variant": name, "model": variant.model.describe(segment), "env": dict(variant.env)}
             saved = json.loads(path.read_text()) if path.exists() else {}
             result = saved if saved.get("settings") == settings and "failed" not in saved else {"settings": settings}
-            model = variant_model(preset, pattern, variant, out)
+            model = variant.model(preset, segment, out / "models" / name)
 
             def save(result=result, path=path):
                 result["date"] = time.strftime("%Y-%m-%d")
@@ -275,40 +525,47 @@ def bench_e2e(preset: str, pattern: Pattern, out: Path, work: Workload = Workloa
                 tmp.replace(path)
 
             try:
-                run_variant(model, work, out, progress, result, save)
-            except SamoyedsError as e:
-                if result.get("throughput") or variant != "dense":
+                run_variant(variant, model, work, out, progress, result, save, baseline)
+            except _NotStarted:
+                if not variant.model.dense:
                     raise
-                result["failed"] = str(e)[-2000:]  # the dense model did not start: record why
-                save()
+                print(f"{name} did not start: recorded with vLLM's reason")
+            save()
+            progress.update(start + work.steps() - progress.n)
     return report(out)
 
 
 def report(out: Path) -> dict | None:
-    """results.json, results.md and plots from OUT's variant files, when both variants are there."""
-    paths = {v: out / f"variant-{v}.json" for v in VARIANTS}
-    missing = [v for v, p in paths.items() if not p.exists()]
-    if missing:
-        print(
-            f"{', '.join(missing)} not measured yet in {out}: run `bench e2e --variants "
-            f"{','.join(missing)}` with the same --out for the comparison"
-        )
+    """results.json, results.md and plots from every variant file in OUT."""
+    out = Path(out)
+    paths = {name: out / f"variant-{name}.json" for name in VARIANTS}
+    variants = {name: json.loads(p.read_text()) for name, p in paths.items() if p.exists()}
+    if not variants:
+        print(f"no variant measured in {out} yet")
         return None
-    variants = {v: json.loads(p.read_text()) for v, p in paths.items()}
-    settings = [v["settings"] for v in variants.values()]
-    if settings[0] != settings[1]:
-        raise SamoyedsError(f"the variants in {out} were measured with different settings: {settings}")
-    results = {**settings[0], "date": variants["samoyeds"]["date"], "variants": variants}
+    if missing := [name for name in DEFAULT_VARIANTS if name not in variants]:
+        print(f"{', '.join(missing)} not measured in {out}: `bench e2e --variants {','.join(missing)}` adds them")
+    common = {name: {k: v["settings"].get(k) for k in COMMON_SETTINGS} for name, v in variants.items()}
+    if len({json.dumps(c, sort_keys=True) for c in common.values()}) > 1:
+        raise SamoyedsError(f"the variants in {out} were measured with different settings or devices: {common}")
+    results = {
+        **next(iter(common.values())),
+        "date": max(v.get("date", "") for v in variants.values()),
+        "variants": variants,
+    }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(markdown(results))
+    text = markdown(results)
+    (out / "results.md").write_text(text)
     plot(results, out)
-    print(markdown(results))
+    print(text)
     return results
 
 
 def _failure_reason(text: str) -> str:
-    """The line of a failed start that says why (an out-of-memory error, typically)."""
+    """The line of a failed start that says why (an out-of-memory error, typically; or that it timed out)."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if lines and "timed out after" in lines[0]:
+        return lines[0][:300]
     for line in reversed(lines):
         if "memory" in line.lower() or "Error" in line:
             return line[-300:]
@@ -319,56 +576,114 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _is_dense(name: str) -> bool:
+    return VARIANTS[name].model.dense
+
+
+def _memory(result: dict) -> dict:
+    """The served engine's memory, or the first offline engine's when the variant was not served."""
+    engines = list(result.get("offline_engines", {}).values())
+    return {**(engines[0] if engines else {}), **result.get("memory", {})}
+
+
+def _cells(values: Mapping[str, float | None], names: list[str], spec: str, higher: bool) -> tuple[list[str], str]:
+    """One cell per variant; each sparse one with its ratio against the best dense variant (`higher`: larger
+    values are better; otherwise the ratio is dense / ours, so above 1 is better either way), and that variant."""
+    dense = {n: x for n, x in values.items() if _is_dense(n) and x is not None}
+    best = (max if higher else min)(dense, key=dense.get) if dense else None
+    cells = []
+    for n in names:
+        x = values.get(n)
+        cell = _fmt(x, spec)
+        if x is not None and best is not None and not _is_dense(n) and x > 0 and dense[best] > 0:
+            cell += f" ({(x / dense[best] if higher else dense[best] / x):.2f}×)"
+        cells.append(cell)
+    return cells, best or "-"
+
+
+def _table(
+    title: str, key_names: list[str], rows: Mapping[tuple, Mapping[str, float | None]], names, spec, higher: bool
+) -> list[str]:
+    """A markdown table: one row per key, one column per variant, and which dense variant was the best."""
+    lines = [f"**{title}**", "", "| " + " | ".join([*key_names, *names, "best dense"]) + " |"]
+    lines.append("|" + "---|" * (len(key_names) + len(names) + 1))
+    for key in sorted(rows):
+        cells, best = _cells(rows[key], names, spec, higher)
+        lines.append("| " + " | ".join([*map(str, key), *cells, best]) + " |")
+    return [*lines, ""]
+
+
 def markdown(results: dict) -> str:
     v = results["variants"]
-    s_ok = "failed" not in v["samoyeds"]
-    lines = [f"# {results['preset']}: dense vLLM vs samoyeds {results['pattern']} ({results['date']})", ""]
-    for name in VARIANTS:
+    names = [n for n in VARIANTS if n in v]
+    lines = [
+        f"# {results['preset']} end to end: {', '.join(names)} ({results['date']})",
+        "",
+        f"{results['device']}, vLLM {results['vllm']}, torch {results['torch']}, dummy weights, engine flags "
+        f"`{' '.join(['--load-format dummy', *results['engine_args']])}`. Every timed batch ran after an untimed "
+        "one of the same shape in the same engine. Ratios: against the best dense variant at that point (for "
+        "TTFT and TPOT dense / ours: above 1 is faster).",
+        "",
+    ]
+    for name in names:
         if "failed" in v[name]:
             lines += [f"**{name} did not run**: {_failure_reason(v[name]['failed'])}", ""]
-    dense_tp = {(r["input_len"], r["output_len"]): r for r in v["dense"].get("throughput", [])}
-    lines += [
-        "| throughput (in/out) | dense req/s | samoyeds req/s | dense out tok/s | samoyeds out tok/s | speedup |",
-        "|---|---|---|---|---|---|",
+    offline: dict[tuple, dict] = {}
+    for name in names:
+        for r in v[name].get("throughput", []):
+            point = (f"{r['input_len']}/{r['output_len']}", r["batch_size"])
+            offline.setdefault(point, {})[name] = r["output_tokens_per_s"]
+    if offline:
+        lines += _table("offline, output tokens/s", ["in/out", "batch"], offline, names, ",.0f", higher=True)
+    levels = {n: {lv["concurrency"]: lv for lv in v[n].get("serving", {}).get("levels", [])} for n in names}
+    if concurrencies := sorted({c for n in names for c in levels[n]}):
+        mix = next(v[n]["serving"] for n in names if levels[n])
+        for metric, label, spec, higher in (
+            ("output_tokens_per_s", "output tokens/s", ",.0f", True),
+            ("median_ttft_ms", "TTFT p50 ms", ".1f", False),
+            ("p99_ttft_ms", "TTFT p99 ms", ".1f", False),
+            ("median_tpot_ms", "TPOT p50 ms", ".2f", False),
+            ("p99_tpot_ms", "TPOT p99 ms", ".2f", False),
+        ):
+            rows = {(c,): {n: levels[n].get(c, {}).get(metric) for n in names} for c in concurrencies}
+            if any(x is not None for row in rows.values() for x in row.values()):
+                title = f"serving {mix['input_len']}/{mix['output_len']}, {label}"
+                lines += _table(title, ["clients"], rows, names, spec, higher)
+    memory = {n: _memory(v[n]) for n in names}
+    measured = {n: memory[n].get("measured", {}) for n in names}
+    rows = [
+        ("model weights GiB", {n: memory[n].get("weights_gib") for n in names}, "", None),
+        ("KV cache GiB", {n: memory[n].get("kv_cache_gib") for n in names}, "", None),
+        ("KV-cache tokens", {n: memory[n].get("kv_cache_tokens") for n in names}, ",", True),
+        (
+            f"concurrent {next((m['seq_len'] for m in measured.values() if 'seq_len' in m), '-')}-token sequences "
+            "without preemption (measured)",
+            {n: measured[n].get("max_seqs_without_preemption") for n in names},
+            ",",
+            True,
+        ),
     ]
-    for s in v["samoyeds"].get("throughput", []) if s_ok else []:
-        d = dense_tp.get((s["input_len"], s["output_len"]), {})
-        speedup = s["output_tokens_per_s"] / d["output_tokens_per_s"] if d.get("output_tokens_per_s") else None
-        lines.append(
-            f"| {s['input_len']}/{s['output_len']} | {_fmt(d.get('requests_per_s'), '.2f')} | "
-            f"{s['requests_per_s']:.2f} | {_fmt(d.get('output_tokens_per_s'), '.1f')} | "
-            f"{s['output_tokens_per_s']:.1f} | {_fmt(speedup, '.2f')}x |"
-        )
-    lines += [
-        "",
-        "| concurrency | dense out tok/s | samoyeds out tok/s | dense TTFT ms | samoyeds TTFT ms "
-        "| dense TPOT ms | samoyeds TPOT ms |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    dense_lv = {lv["concurrency"]: lv for lv in v["dense"].get("serving", {}).get("levels", [])}
-    for s in v["samoyeds"].get("serving", {}).get("levels", []) if s_ok else []:
-        d = dense_lv.get(s["concurrency"], {})
-        lines.append(
-            f"| {s['concurrency']} | {_fmt(d.get('output_tokens_per_s'), '.1f')} | "
-            f"{s['output_tokens_per_s']:.1f} | {_fmt(d.get('mean_ttft_ms'), '.1f')} | "
-            f"{s['mean_ttft_ms']:.1f} | {_fmt(d.get('mean_tpot_ms'), '.2f')} | {s['mean_tpot_ms']:.2f} |"
-        )
-    lines += ["", "| memory | dense | samoyeds |", "|---|---|---|"]
-    mem = {x: v[x].get("memory", {}) for x in VARIANTS}
-    for key in ("weights_gib", "kv_cache_gib", "kv_cache_tokens"):
-        lines.append(f"| {key} | {mem['dense'].get(key, '-')} | {mem['samoyeds'].get(key, '-')} |")
-    measured = {x: mem[x].get("measured", {}) for x in VARIANTS}
-    seq_len = measured["samoyeds"].get("seq_len") or measured["dense"].get("seq_len")
-    lines.append(
-        f"| concurrent {seq_len}-token sequences without preemption (measured) | "
-        f"{measured['dense'].get('max_seqs_without_preemption', '-')} | "
-        f"{measured['samoyeds'].get('max_seqs_without_preemption', '-')} |"
-    )
+    lines += ["**memory**", "", "| | " + " | ".join([*names, "best dense"]) + " |", "|---|" + "---|" * (len(names) + 1)]
+    for label, values, spec, higher in rows:
+        if all(x is None for x in values.values()):
+            continue
+        cells, best = _cells(values, names, spec, higher) if higher else ([_fmt(values[n], spec) for n in names], "")
+        lines.append(f"| {label} | " + " | ".join([*cells, best]) + " |")
+    kernels = [memory[n].get("moe_backend", "-" if _is_dense(n) or "failed" in v[n] else "samoyeds") for n in names]
+    lines += [f"| MoE kernels | {' | '.join(kernels)} | |", ""]
+    lines += ["**how each variant ran**", "", "| variant | model | environment | offline engine |", "|---|---|---|---|"]
+    for name in names:
+        engine = next(iter(v[name].get("offline_engines", {}).values()), {})
+        shown = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "cudagraph_mode")
+        engine_text = ", ".join(f"{k} {engine[k]}" for k in shown if k in engine) or "-"
+        env = " ".join(f"{k}={x}" for k, x in v[name].get("env", {}).items()) or "-"
+        lines.append(f"| {name} | {v[name]['settings'].get('model', '-')} | {env} | {engine_text} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(results: dict, out: Path) -> None:
-    """throughput-vs-concurrency.png, latency-vs-load.png, memory.png (skipped without matplotlib)."""
+    """offline-throughput.png, throughput-vs-concurrency.png, latency-vs-load.png, memory.png (skipped without
+    matplotlib)."""
     try:
         import matplotlib
 
@@ -378,30 +693,55 @@ def plot(results: dict, out: Path) -> None:
         print("matplotlib is not installed: no plots")
         return
     v = results["variants"]
+    names = [n for n in VARIANTS if n in v]
+    title = f"{results['preset']}, {results['device']} ({results['date']})"
+    mixes = sorted({(r["input_len"], r["output_len"]) for n in names for r in v[n].get("throughput", [])})
+    if mixes:
+        fig, axes = plt.subplots(1, len(mixes), figsize=(5 * len(mixes), 4), squeeze=False)
+        for ax, mix in zip(axes[0], mixes, strict=True):
+            for name in names:
+                rows = [r for r in v[name].get("throughput", []) if (r["input_len"], r["output_len"]) == mix]
+                if rows:
+                    ax.plot(
+                        [r["batch_size"] for r in rows],
+                        [r["output_tokens_per_s"] for r in rows],
+                        marker="o",
+                        label=name,
+                    )
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("sequences per batch")
+            ax.set_ylabel("output tokens/s")
+            ax.set_title(f"offline {mix[0]}/{mix[1]}")
+            ax.legend()
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(out / "offline-throughput.png", dpi=120)
+        plt.close(fig)
     for name, key, ylabel in (
         ("throughput-vs-concurrency", "output_tokens_per_s", "output tokens/s"),
-        ("latency-vs-load", "mean_tpot_ms", "mean TPOT (ms)"),
+        ("latency-vs-load", "median_tpot_ms", "median TPOT (ms)"),
     ):
         fig, ax = plt.subplots(figsize=(6, 4))
-        for variant in VARIANTS:
+        for variant in names:
             levels = v[variant].get("serving", {}).get("levels", [])
             if levels:
                 ax.plot([lv["concurrency"] for lv in levels], [lv[key] for lv in levels], marker="o", label=variant)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{results['preset']} ({results['pattern']})")
-        ax.legend()
+        ax.set_title(title, fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
         fig.tight_layout()
         fig.savefig(out / f"{name}.png", dpi=120)
         plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    weights = [v[x].get("memory", {}).get("weights_gib", 0) for x in VARIANTS]
-    kv = [v[x].get("memory", {}).get("kv_cache_gib", 0) for x in VARIANTS]
-    ax.bar(VARIANTS, weights, label="weights")
-    ax.bar(VARIANTS, kv, bottom=weights, label="KV cache")
+    fig, ax = plt.subplots(figsize=(1.5 * len(names) + 3, 4))
+    memory = [_memory(v[n]) for n in names]
+    weights = [m.get("weights_gib", 0) for m in memory]
+    ax.bar(names, weights, label="weights")
+    ax.bar(names, [m.get("kv_cache_gib", 0) for m in memory], bottom=weights, label="KV cache")
     ax.set_ylabel("GiB")
-    ax.set_title("memory per GPU" + "".join(f" ({x} did not fit)" for x in VARIANTS if "failed" in v[x]))
+    ax.set_title("memory per GPU" + "".join(f" ({n} did not fit)" for n in names if "failed" in v[n]), fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "memory.png", dpi=120)

@@ -1,5 +1,6 @@
 """Running vLLM as a user does: `vllm serve` as a child process on a free local port (waited for until it answers,
-always reaped), the `vllm` command of this environment, and what the engine log says about memory.
+always reaped), the `vllm` command of this environment, what the engine log says about memory, and waiting for
+an ended engine's GPU memory to come back.
 
 Used by the serving example, the server tests and the end-to-end benchmarks.
 """
@@ -40,7 +41,8 @@ def vllm_command() -> list[str]:
 class VllmServer:
     """`with VllmServer(model, ["--max-model-len", "1024"]) as server: ...server.url...`
 
-    The server's output goes to `log_path` (a file, so a chatty server never blocks on a full pipe).
+    The server's output goes to `log_path` (a file, so a chatty server never blocks on a full pipe). `env` adds to
+    this process's environment; a value None removes the variable.
     """
 
     def __init__(
@@ -57,7 +59,7 @@ class VllmServer:
         self.command = [*vllm_command(), "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.log_path = Path(log_path) if log_path else Path(f"vllm-serve-{self.port}.log")
         self.startup_timeout = startup_timeout
-        self.env = dict(os.environ, **(env or {}))
+        self.env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> VllmServer:
@@ -122,4 +124,67 @@ def parse_engine_log(text: str) -> dict:
         info["kv_cache_tokens"] = int(m[1].replace(",", ""))
     if m := re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text):
         info["estimated_max_seqs"] = {"tokens": int(m[1].replace(",", "")), "sequences": float(m[2])}
+    if m := re.search(r"Using (.+?) MoE backend", text):  # which kernels vLLM picked for its own MoE
+        info["moe_backend"] = m[1]
     return info
+
+
+def gpu_memory_used() -> list[float] | None:
+    """GiB in use on each GPU, by nvidia-smi (or torch in a fresh process, so this process never holds a CUDA
+    context); None on a machine without a GPU."""
+    if shutil.which("nvidia-smi"):
+        try:
+            done = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
+            return [float(mib) / 1024 for mib in done.stdout.split()]
+        except (subprocess.SubprocessError, OSError, ValueError):
+            pass
+    probe = (
+        "import torch\n"
+        "if torch.cuda.is_available():\n"
+        "    print(*((t - f) / 2**30 for f, t in map(torch.cuda.mem_get_info, range(torch.cuda.device_count()))))"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+        return [float(gib) for gib in done.stdout.split()] or None
+    except (subprocess.SubprocessError, OSError, ValueError):
+        return None
+
+
+def gpu_processes() -> str:
+    """The processes holding GPU memory, as nvidia-smi lists them (for error messages)."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return done.stdout.strip() or "none listed"
+    except (subprocess.SubprocessError, OSError):
+        return "unknown (no nvidia-smi)"
+
+
+def wait_for_gpu_memory(baseline: list[float] | None, timeout: float = 300.0, slack_gib: float = 1.0) -> None:
+    """Wait until every GPU uses at most `slack_gib` more than `baseline` (what it used before the first engine).
+    An engine's processes release their memory some time after they are told to end, and the next engine sizes
+    its KV cache by the memory free when it starts: started too early, it fails or measures a smaller cache."""
+    if baseline is None:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        used = gpu_memory_used()
+        if used is None or all(u <= b + slack_gib for u, b in zip(used, baseline, strict=False)):
+            return
+        if time.monotonic() > deadline:
+            raise SamoyedsError(
+                f"GPU memory still in use {timeout:.0f} s after the last engine ended: "
+                f"{', '.join(f'{u:.1f}' for u in used)} GiB against {', '.join(f'{b:.1f}' for b in baseline)} "
+                f"GiB before the first; holders: {gpu_processes()}"
+            )
+        time.sleep(2)

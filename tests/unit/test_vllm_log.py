@@ -15,3 +15,8 @@ def test_parse_engine_log():
         "estimated_max_seqs": {"tokens": 4096, "sequences": 27.44},
     }
     assert parse_engine_log("no memory lines") == {}
+
+
+def test_the_moe_kernels_vllm_picked():
+    log = "INFO [fp8.py:325] Using TRITON Fp8 MoE backend out of potential backends: ['DEEPGEMM', 'TRITON'].\n"
+    assert parse_engine_log(log) == {"moe_backend": "TRITON Fp8"}

@@ -1,0 +1,159 @@
+"""`bench e2e` without engines: the variant table, what each variant's processes get, and the comparison."""
+
+import json
+
+import pytest
+
+from samoyeds_vllm.bench.e2e import DEFAULT_VARIANTS, VARIANTS, markdown, variant_env
+from samoyeds_vllm.cli import build_parser, main
+
+
+def _e2e_action(dest):
+    bench = next(a for a in build_parser()._subparsers._group_actions[0].choices["bench"]._actions if a.choices)
+    return next(a for a in bench.choices["e2e"]._actions if a.dest == dest)
+
+
+def test_the_help_names_every_variant_and_the_default_is_the_issue_set():
+    assert all(name in _e2e_action("variants").help for name in VARIANTS)
+    assert _e2e_action("variants").default == ",".join(DEFAULT_VARIANTS)
+    assert DEFAULT_VARIANTS == ("dense", "dense-fp8", "samoyeds", "samoyeds-fp8")
+
+
+def test_each_variant_gets_vllms_default_moe_kernels_unless_it_names_others(monkeypatch):
+    monkeypatch.setenv("VLLM_USE_DEEP_GEMM", "1")  # set in a user's shell: would force DeepGEMM on every FP8 MoE
+    monkeypatch.setenv("VLLM_MOE_USE_DEEP_GEMM", "0")
+    for name in ("dense", "dense-fp8", "samoyeds", "samoyeds-fp8", "2of4-fp8"):
+        env = variant_env(VARIANTS[name])
+        assert "VLLM_USE_DEEP_GEMM" not in env and "VLLM_MOE_USE_DEEP_GEMM" not in env
+    deepgemm = variant_env(VARIANTS["dense-fp8-deepgemm"])
+    assert deepgemm["VLLM_USE_DEEP_GEMM"] == deepgemm["VLLM_MOE_USE_DEEP_GEMM"] == "1"
+    # FP8 dense engines skip DeepGEMM's start-up precompilation; the untimed runs compile what is timed.
+    assert {n for n, v in VARIANTS.items() if variant_env(v).get("VLLM_DEEP_GEMM_WARMUP") == "skip"} == {
+        "dense-fp8",
+        "dense-fp8-deepgemm",
+    }
+
+
+@pytest.mark.parametrize(
+    "name, quant",
+    [
+        ("dense", None),
+        ("dense-fp8", {"quant_method": "fp8", "weight_block_size": [128, 128]}),
+        ("samoyeds", {"quant_method": "samoyeds", "pattern": "samoyeds", "format_version": 1}),
+        ("samoyeds-fp8", {"quant_method": "samoyeds", "pattern": "samoyeds", "format_version": 2}),
+        ("2of4-fp8", {"quant_method": "samoyeds", "pattern": "2:4", "format_version": 2}),
+    ],
+)
+def test_the_models_of_the_variants(tmp_path, name, quant):
+    config = json.loads((VARIANTS[name].model("tiny-qwen3_moe", None, tmp_path / name) / "config.json").read_text())
+    got = config.get("quantization_config")
+    assert got == quant if quant is None else {k: got.get(k) for k in quant} == quant
+
+
+def test_fp8_dense_variants_are_refused_without_a_gpu(tmp_path, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = ["bench", "e2e", "--out", str(tmp_path), "--variants", "samoyeds,dense-fp8-deepgemm"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "dense-fp8-deepgemm run vLLM's FP8 block-quantized layers, which need an NVIDIA GPU" in err
+    assert "without one, run dense,samoyeds,samoyeds-fp8,2of4,2of4-fp8" in err
+    assert not list(tmp_path.iterdir())
+
+
+def _result(model, offline, tpot=None, kv=None, failed=None):
+    result = {
+        "settings": {"model": model},
+        "env": {"VLLM_DEEP_GEMM_WARMUP": "skip"} if "FP8 128" in model else {},
+        "throughput": [
+            {"input_len": 128, "output_len": 128, "batch_size": b, "output_tokens_per_s": x} for b, x in offline.items()
+        ],
+        "offline_engines": {"128x128": {"max_num_seqs": 1024, "kv_cache_tokens": kv}},
+    }
+    if tpot is not None:
+        level = {"concurrency": 1, "output_tokens_per_s": 1000 / tpot, "median_tpot_ms": tpot}
+        result["serving"] = {"input_len": 128, "output_len": 128, "levels": [level]}
+    if failed:
+        result = {"settings": {"model": model}, "failed": failed}
+    return result
+
+
+def test_the_comparison_is_against_the_best_dense_variant_at_each_point():
+    results = {
+        "preset": "qwen3-30b-a3b",
+        "date": "2026-11-25",
+        "device": "NVIDIA H100 80GB HBM3",
+        "vllm": "0.26.0",
+        "torch": "2.11.0",
+        "engine_args": ["--max-model-len", "4096"],
+        "variants": {
+            "dense": _result("dense, bf16", {1: 235, 16: 1227}, tpot=4.0, kv=708_000),
+            "dense-fp8": _result("dense, FP8 128x128 blocks", {1: 231, 16: 2886}, tpot=5.0, kv=1_010_000),
+            "samoyeds": _result("samoyeds(V=128), bf16 values", {1: 266, 16: 2168}, tpot=3.2, kv=1_140_000),
+            "2of4-fp8": _result("2:4, FP8 values", {}, failed="torch.OutOfMemoryError: CUDA out of memory"),
+        },
+    }
+    text = markdown(results)
+    assert "NVIDIA H100 80GB HBM3, vLLM 0.26.0, torch 2.11.0" in text
+    assert "`--load-format dummy --max-model-len 4096`" in text
+    assert "| in/out | batch | dense | dense-fp8 | samoyeds | 2of4-fp8 | best dense |" in text
+    assert "| 128/128 | 1 | 235 | 231 | 266 (1.13×) | - | dense |" in text  # bf16 is the better dense at bs 1
+    assert "| 128/128 | 16 | 1,227 | 2,886 | 2,168 (0.75×) | - | dense-fp8 |" in text  # FP8 at bs 16
+    assert "| 1 | 4.00 | 5.00 | 3.20 (1.25×) | - | dense |" in text  # TPOT: the lower dense, dense / ours
+    assert "| KV-cache tokens | 708,000 | 1,010,000 | 1,140,000 (1.13×) | - | dense-fp8 |" in text
+    assert "**2of4-fp8 did not run**: torch.OutOfMemoryError: CUDA out of memory" in text
+    assert "| dense-fp8 | dense, FP8 128x128 blocks | VLLM_DEEP_GEMM_WARMUP=skip | max_num_seqs 1024 |" in text
+
+
+def test_an_engine_group_is_ended_with_its_leader(tmp_path):
+    """Engine processes outlive the process that started them: whatever the group left is killed, and a run past
+    its time limit is stopped."""
+    import os
+    import time
+
+    from samoyeds_vllm.bench.e2e import _run_group
+
+    pid_file = tmp_path / "pid"
+    script = f"sleep 60 & echo $! > {pid_file}; exit 3"
+    assert _run_group(["sh", "-c", script], tmp_path / "log", os.environ, timeout=30) == 3
+    left = int(pid_file.read_text())
+    for _ in range(50):  # killed; gone once reaped by whoever adopted it
+        try:
+            os.kill(left, 0)
+            with open(f"/proc/{left}/stat") as f:
+                if f.read().split()[2] == "Z":
+                    break
+        except (ProcessLookupError, FileNotFoundError):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"process {left} of the group still runs")
+    start = time.monotonic()
+    assert _run_group(["sleep", "60"], tmp_path / "log", os.environ, timeout=1) is None
+    assert time.monotonic() - start < 10
+
+
+def test_the_next_engine_waits_for_the_gpu_memory_of_the_last(monkeypatch):
+    from samoyeds_vllm.errors import SamoyedsError
+    from samoyeds_vllm.tools import vllm_server
+
+    readings = iter([[60.0], [30.0], [1.2]])
+    monkeypatch.setattr(vllm_server, "gpu_memory_used", lambda: next(readings))
+    monkeypatch.setattr(vllm_server.time, "sleep", lambda s: None)
+    vllm_server.wait_for_gpu_memory([0.5])  # returns at 1.2 GiB: within 1 GiB of what was used before
+    monkeypatch.setattr(vllm_server, "gpu_memory_used", lambda: [60.0])
+    monkeypatch.setattr(vllm_server, "gpu_processes", lambda: "1234, python, 61000 MiB")
+    with pytest.raises(SamoyedsError, match="still in use .* holders: 1234, python"):
+        vllm_server.wait_for_gpu_memory([0.5], timeout=0)
+    vllm_server.wait_for_gpu_memory(None)  # no GPU: nothing to wait for
+
+
+def test_a_timed_out_start_says_so():
+    from samoyeds_vllm.bench.e2e import _failure_reason
+
+    failed = "offline run of dense-fp8-128x128 failed (timed out after 400 s); log x:\nModel loading took 29 GiB memory"
+    assert _failure_reason(failed).startswith("offline run of dense-fp8-128x128 failed (timed out after 400 s)")
+    assert _failure_reason("a\nERROR torch.OutOfMemoryError: CUDA out of memory\nb") == (
+        "ERROR torch.OutOfMemoryError: CUDA out of memory"
+    )
