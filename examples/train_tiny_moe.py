@@ -1,11 +1,13 @@
 """Teach a tiny random MoE some English on a CPU in about a minute, so a demo prints words instead of noise.
 
-    python examples/train_tiny_moe.py write-text TEXT_DIR             # the standard library's docstrings
-    python examples/train_tiny_moe.py train MODEL_IN MODEL_OUT --data TEXT_DIR [--seconds 60]
+    python examples/train_tiny_moe.py write-text TEXT_DIR     # TEXT_DIR/train and TEXT_DIR/heldout
+    python examples/train_tiny_moe.py train MODEL_IN MODEL_OUT --data TEXT_DIR/train [--seconds 60]
 
 The text is what ships with Python: the docstrings of standard-library modules, their classes and functions. The
-model keeps its architecture and tokenizer (`samoyeds-vllm make-model`); AdamW trains it on 128-token windows
-until the time is up, and MODEL_OUT is an ordinary Hugging Face checkpoint.
+held-out text is other modules' docstrings, less any the training text also has, so a perplexity on it measures
+what the model learnt rather than what it memorised. The model keeps its architecture and tokenizer (`samoyeds-vllm
+make-model`); AdamW trains it on 128-token windows until the time is up, and MODEL_OUT is an ordinary Hugging Face
+checkpoint.
 """
 
 import argparse
@@ -21,15 +23,24 @@ MODULES = (
     "operator os pathlib pickle pprint queue random re shlex shutil socket statistics string struct subprocess "
     "tarfile tempfile textwrap threading timeit typing unittest urllib uuid warnings weakref zipfile"
 ).split()
+HELD_OUT_MODULES = "ast codecs configparser fnmatch numbers optparse sched selectors traceback types".split()
+
+
+def docstrings(name: str) -> list[str]:
+    """The distinct docstrings of a module and its attributes, stripped, in a stable order."""
+    module = importlib.import_module(name)
+    docs = [module.__doc__] + [getattr(getattr(module, a, None), "__doc__", None) for a in sorted(dir(module))]
+    return list(dict.fromkeys(d.strip() for d in docs if isinstance(d, str) and d.strip()))
 
 
 def write_text(out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for name in MODULES:
-        module = importlib.import_module(name)
-        docs = [module.__doc__] + [getattr(getattr(module, a, None), "__doc__", None) for a in sorted(dir(module))]
-        text = "\n\n".join(d.strip() for d in dict.fromkeys(docs) if isinstance(d, str) and d.strip())
-        (out / f"{name}.txt").write_text(text + "\n")
+    seen = set()
+    for part, modules in (("train", MODULES), ("heldout", HELD_OUT_MODULES)):
+        (out / part).mkdir(parents=True, exist_ok=True)
+        for name in modules:
+            docs = [d for d in docstrings(name) if d not in seen]
+            seen.update(docs)
+            (out / part / f"{name}.txt").write_text("\n\n".join(docs) + "\n")
 
 
 def train(model_in: Path, model_out: Path, data: Path, seconds: float, seed: int) -> None:
