@@ -19,17 +19,22 @@ from samoyeds_vllm.tools.vllm_server import VllmServer
 PROMPTS = ["Return a new", "This module provides", "The quick brown fox"]
 
 
-def query(model: str, args: list[str], eval_data: str | None, eval_tokens: int) -> tuple[list[str], float | None]:
+def query(model: str, args: list[str], options: argparse.Namespace) -> tuple[list[str], float | None]:
     """The greedy completions of PROMPTS, then the chat answer, from `vllm serve model`; and its perplexity on
-    `eval_data` if given."""
+    `options.eval_data` if given."""
     print(f"starting vllm serve {model} ...", flush=True)
     log = f"vllm-serve-{len(model)}-{abs(hash(model)) % 10000}.log"
     with VllmServer(model, args, log_path=log, env={"VLLM_CPU_KVCACHE_SPACE": "1"}) as server:
         perplexity = None
-        if eval_data:
-            result = evaluate(model, eval_data, max_tokens=eval_tokens, server=server.url)
+        if options.eval_data:
+            result = evaluate(
+                model, options.eval_data, window=options.eval_window, max_tokens=options.eval_tokens, server=server.url
+            )
             perplexity = result.perplexity
-            print(f"  perplexity {perplexity:.3f} on {result.tokens} tokens of {eval_data} ({result.seconds:.1f} s)")
+            print(
+                f"  perplexity {perplexity:.3f} on {result.tokens} tokens of {options.eval_data}, windows of "
+                f"{result.window} ({result.seconds:.1f} s)"
+            )
         client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
         served = client.models.list().data[0].id
         answers = [
@@ -53,6 +58,7 @@ def main() -> None:
     parser.add_argument("models", nargs="+", metavar="MODEL_DIR")
     parser.add_argument("--eval-data", help="text to measure each model's perplexity on (a samoyeds-vllm eval SOURCE)")
     parser.add_argument("--eval-tokens", type=int, default=8192, help="score whole documents up to this many tokens")
+    parser.add_argument("--eval-window", type=int, help="tokens per scored window (default: eval's)")
     options, extra = parser.parse_args(sys.argv[1:split]), sys.argv[split + 1 :]
     try:
         import torch
@@ -61,7 +67,7 @@ def main() -> None:
     except ImportError:
         on_cpu = True
     args = ["--max-model-len", "1024", *(["--gpu-memory-utilization", "0.3"] if on_cpu else []), *extra]
-    results = {model: query(model, args, options.eval_data, options.eval_tokens) for model in options.models}
+    results = {model: query(model, args, options) for model in options.models}
 
     def name(model: str) -> str:
         return model.rstrip("/").rsplit("/", 1)[-1]

@@ -34,6 +34,9 @@ def docstrings(name: str) -> list[str]:
 
 
 def write_text(out: Path) -> None:
+    """OUT/train/MODULE.txt for MODULES, OUT/heldout/MODULE.txt for HELD_OUT_MODULES, each docstring once in all:
+    modules share many (what they import, inherited methods). Repeated, they made up half the training windows and
+    cost held-out perplexity (28.7 against 21.7 after 300 steps); in the held-out text they were training text."""
     seen = set()
     for part, modules in (("train", MODULES), ("heldout", HELD_OUT_MODULES)):
         (out / part).mkdir(parents=True, exist_ok=True)
@@ -43,7 +46,7 @@ def write_text(out: Path) -> None:
             (out / part / f"{name}.txt").write_text("\n\n".join(docs) + "\n")
 
 
-def train(model_in: Path, model_out: Path, data: Path, seconds: float, seed: int) -> None:
+def train(model_in: Path, model_out: Path, data: Path, seconds: float, seed: int, steps: int | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from samoyeds_vllm.tools.text_data import load_documents, token_windows
@@ -55,7 +58,7 @@ def train(model_in: Path, model_out: Path, data: Path, seconds: float, seed: int
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
     start, step = time.perf_counter(), 0
-    while time.perf_counter() - start < seconds:
+    while time.perf_counter() - start < seconds and step != steps:
         batch = windows[torch.randint(len(windows), (16,), generator=generator)]
         loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
         loss.backward()
@@ -79,12 +82,13 @@ def main() -> None:
     p.add_argument("model_out", type=Path)
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--steps", type=int, help="stop after this many steps, even with time left")
     p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.command == "write-text":
         write_text(args.out)
     else:
-        train(args.model_in, args.model_out, args.data, args.seconds, args.seed)
+        train(args.model_in, args.model_out, args.data, args.seconds, args.seed, args.steps)
 
 
 if __name__ == "__main__":
