@@ -1,11 +1,13 @@
 """Teach a tiny random MoE some English on a CPU in about a minute, so a demo prints words instead of noise.
 
-    python examples/train_tiny_moe.py write-text TEXT_DIR             # the standard library's docstrings
-    python examples/train_tiny_moe.py train MODEL_IN MODEL_OUT --data TEXT_DIR [--seconds 60]
+    python examples/train_tiny_moe.py write-text TEXT_DIR     # TEXT_DIR/train and TEXT_DIR/heldout
+    python examples/train_tiny_moe.py train MODEL_IN MODEL_OUT --data TEXT_DIR/train [--seconds 60]
 
 The text is what ships with Python: the docstrings of standard-library modules, their classes and functions. The
-model keeps its architecture and tokenizer (`samoyeds-vllm make-model`); AdamW trains it on 128-token windows
-until the time is up, and MODEL_OUT is an ordinary Hugging Face checkpoint.
+held-out text is other modules' docstrings, less any the training text also has, so a perplexity on it measures
+what the model learnt rather than what it memorised. The model keeps its architecture and tokenizer (`samoyeds-vllm
+make-model`); AdamW trains it on 128-token windows until the time is up, and MODEL_OUT is an ordinary Hugging Face
+checkpoint.
 """
 
 import argparse
@@ -21,18 +23,30 @@ MODULES = (
     "operator os pathlib pickle pprint queue random re shlex shutil socket statistics string struct subprocess "
     "tarfile tempfile textwrap threading timeit typing unittest urllib uuid warnings weakref zipfile"
 ).split()
+HELD_OUT_MODULES = "ast codecs configparser fnmatch numbers optparse sched selectors traceback types".split()
+
+
+def docstrings(name: str) -> list[str]:
+    """The distinct docstrings of a module and its attributes, stripped, in a stable order."""
+    module = importlib.import_module(name)
+    docs = [module.__doc__] + [getattr(getattr(module, a, None), "__doc__", None) for a in sorted(dir(module))]
+    return list(dict.fromkeys(d.strip() for d in docs if isinstance(d, str) and d.strip()))
 
 
 def write_text(out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for name in MODULES:
-        module = importlib.import_module(name)
-        docs = [module.__doc__] + [getattr(getattr(module, a, None), "__doc__", None) for a in sorted(dir(module))]
-        text = "\n\n".join(d.strip() for d in dict.fromkeys(docs) if isinstance(d, str) and d.strip())
-        (out / f"{name}.txt").write_text(text + "\n")
+    """OUT/train/MODULE.txt for MODULES, OUT/heldout/MODULE.txt for HELD_OUT_MODULES, each docstring once in all:
+    modules share many (what they import, inherited methods). Repeated, they made up half the training windows and
+    cost held-out perplexity (28.7 against 21.7 after 300 steps); in the held-out text they were training text."""
+    seen = set()
+    for part, modules in (("train", MODULES), ("heldout", HELD_OUT_MODULES)):
+        (out / part).mkdir(parents=True, exist_ok=True)
+        for name in modules:
+            docs = [d for d in docstrings(name) if d not in seen]
+            seen.update(docs)
+            (out / part / f"{name}.txt").write_text("\n\n".join(docs) + "\n")
 
 
-def train(model_in: Path, model_out: Path, data: Path, seconds: float, seed: int) -> None:
+def train(model_in: Path, model_out: Path, data: Path, seconds: float, seed: int, steps: int | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from samoyeds_vllm.tools.text_data import load_documents, token_windows
@@ -44,7 +58,7 @@ def train(model_in: Path, model_out: Path, data: Path, seconds: float, seed: int
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
     start, step = time.perf_counter(), 0
-    while time.perf_counter() - start < seconds:
+    while time.perf_counter() - start < seconds and step != steps:
         batch = windows[torch.randint(len(windows), (16,), generator=generator)]
         loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
         loss.backward()
@@ -68,12 +82,13 @@ def main() -> None:
     p.add_argument("model_out", type=Path)
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--steps", type=int, help="stop after this many steps, even with time left")
     p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.command == "write-text":
         write_text(args.out)
     else:
-        train(args.model_in, args.model_out, args.data, args.seconds, args.seed)
+        train(args.model_in, args.model_out, args.data, args.seconds, args.seed, args.steps)
 
 
 if __name__ == "__main__":

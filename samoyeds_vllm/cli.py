@@ -89,6 +89,7 @@ def _eval(args: argparse.Namespace) -> None:
         split=args.split,
         text_field=args.text_field,
         engine_flags=shlex.split(args.engine_args),
+        server=args.server,
     )
     print(result.table())
     if args.json:
@@ -282,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stride", type=int, help="tokens a window advances (default window/2)")
     p.add_argument("--max-tokens", type=int, help="score whole documents, in order, until this many tokens")
     p.add_argument("--engine-args", default="", help='vLLM engine flags, quoted (e.g. "--dtype float32")')
+    p.add_argument("--server", metavar="URL", help="score with a running `vllm serve MODEL` at URL, not a new engine")
     p.add_argument("--json", help="write the result here")
     p.set_defaults(func=_eval)
 

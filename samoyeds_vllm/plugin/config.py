@@ -13,6 +13,9 @@ vLLM pickles the config to its engine processes, so the class lives at module le
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,8 +24,47 @@ from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMetho
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
 from ..errors import CheckpointError
-from ..format import QUANT_METHOD, Pattern, parse_quantization_config
+from ..format import QUANT_METHOD, SUFFIXES, Pattern, parse_quantization_config
 from .moe_method import SamoyedsMoEMethod
+
+#: One expert's tensor: LAYER.E.PROJECTION.SUFFIX, where vLLM names the experts layer LAYER too (every supported
+#: family: `model.layers.3.mlp.experts.5.gate_proj.weight_packed`, `...block_sparse_moe.experts.5.w1.weight`).
+_EXPERT_TENSOR = re.compile(r"^(?P<layer>.+\.experts)\.(?P<expert>\d+)\.[^.]+\.(?P<suffix>[^.]+)$")
+
+
+@dataclass
+class CheckpointExperts:
+    """What one experts layer's tensors in the checkpoint are: the highest expert id (and a tensor of it), and
+    the first tensor of a kind this checkpoint should not hold, if any."""
+
+    highest: int
+    highest_name: str
+    foreign: str | None = None
+
+
+def checkpoint_experts(model_dir: Path, suffixes: set[str]) -> dict[str, CheckpointExperts]:
+    """Experts layer name -> CheckpointExperts, from the safetensors headers in `model_dir` (nothing for a model
+    that is not a local directory of safetensors: a hub name, load_format=dummy). Unreadable files are left for
+    vLLM's loader to report."""
+    from safetensors import safe_open
+
+    layers: dict[str, CheckpointExperts] = {}
+    for path in sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else ():
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                names = list(f.keys())
+        except Exception:
+            continue
+        for name in names:
+            if not (m := _EXPERT_TENSOR.match(name)):
+                continue
+            expert = int(m["expert"])
+            seen = layers.setdefault(m["layer"], CheckpointExperts(expert, name))
+            if expert > seen.highest:
+                seen.highest, seen.highest_name = expert, name
+            if m["suffix"] not in suffixes and seen.foreign is None:
+                seen.foreign = name
+    return layers
 
 
 class SamoyedsConfig(QuantizationConfig):
@@ -34,6 +76,7 @@ class SamoyedsConfig(QuantizationConfig):
         self.pattern = pattern or Pattern.parse("samoyeds")
         self.packed = packed
         self.values = values
+        self.checkpoint_experts: dict[str, CheckpointExperts] = {}
 
     def __repr__(self) -> str:
         return f"SamoyedsConfig(pattern={self.pattern}, packed={self.packed}, values={self.values})"
@@ -61,9 +104,46 @@ class SamoyedsConfig(QuantizationConfig):
             raise ValueError(str(e)) from None
         return cls(parsed.pattern, parsed.packed, parsed.values)
 
+    def maybe_update_config(self, model_name: str, hf_config=None, revision: str | None = None) -> None:
+        """vLLM hands over the model here. Its loader skips, without a word, checkpoint tensors that no parameter
+        takes (an expert beyond config.json's count, a dense weight in a packed checkpoint): note what each
+        experts layer's tensors are, so that the method refuses such a checkpoint when it creates the layer."""
+        self.checkpoint_experts = checkpoint_experts(Path(model_name), self.expert_suffixes)
+
+    @property
+    def expert_suffixes(self) -> set[str]:
+        """How the checkpoint's expert tensors end: the packed parts, or a dense `weight`."""
+        if not self.packed:
+            return {"weight"}
+        parts = (
+            "values",
+            "meta",
+            *(("rowsel",) if self.pattern.is_samoyeds else ()),
+            *(("scale",) if self.values else ()),
+        )
+        return {SUFFIXES[part] for part in parts}
+
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         if isinstance(layer, RoutedExperts):
+            _check_checkpoint_experts(layer, self.checkpoint_experts.get(prefix), self.expert_suffixes)
             return SamoyedsMoEMethod(self.pattern, self.packed, layer.moe_config, self.values)
         if isinstance(layer, LinearBase):
             return UnquantizedLinearMethod()
         return None
+
+
+def _check_checkpoint_experts(layer: RoutedExperts, found: CheckpointExperts | None, suffixes: set[str]) -> None:
+    """Refuse a checkpoint whose tensors for this experts layer vLLM would skip (maybe_update_config)."""
+    if found is None:
+        return
+    experts = layer.moe_config.num_logical_experts
+    if found.highest >= experts:
+        raise ValueError(
+            f"{found.highest_name}: the checkpoint holds expert {found.highest}, but {layer.layer_name} has "
+            f"{experts} experts (config.json); the checkpoint and its config do not belong together"
+        )
+    if found.foreign is not None:
+        raise ValueError(
+            f"{found.foreign}: this checkpoint's expert tensors end in {' / '.join(sorted(suffixes))}, so vLLM "
+            "would skip this one; the checkpoint is damaged or mixes formats (re-convert it)"
+        )

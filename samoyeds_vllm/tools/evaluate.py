@@ -2,7 +2,8 @@
 
 vLLM itself scores the text, from prompt log-probabilities (`SamplingParams(prompt_logprobs=0)`), so what is
 measured is what is served: the sparse kernels on a GPU, the reference path on CPU, vLLM's own MoE for a dense
-checkpoint.
+checkpoint. The engine is a new one, or a running `vllm serve` of the model (`server`), asked through its
+completions API with the same windows.
 
 Windows. Each document is scored on its own, from a separator token (BOS, else end-of-text) that is not scored,
 so every token of every document is scored exactly once. A document longer than the window W is scored in
@@ -20,6 +21,8 @@ import dataclasses
 import json
 import math
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +39,10 @@ class Window:
 
     tokens: list[int]
     scored: int
+
+    @property
+    def scored_positions(self) -> range:
+        return range(len(self.tokens) - self.scored, len(self.tokens))
 
 
 def windows(ids: list[int], separator: int, window: int, stride: int) -> list[Window]:
@@ -98,6 +105,45 @@ def _engine(model: str, max_model_len: int, engine_flags: list[str]):
     return LLM(**{f.name: getattr(engine_args, f.name) for f in dataclasses.fields(engine_args)})
 
 
+def _engine_logprobs(llm, requests: list[Window]) -> list[list[float]]:
+    """The log-probability of each scored token of each window, from a vLLM engine (`vllm.LLM`)."""
+    from vllm import SamplingParams, TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=w.tokens) for w in requests], params, use_tqdm=True)
+    return [
+        [output.prompt_logprobs[pos][w.tokens[pos]].logprob for pos in w.scored_positions]
+        for w, output in zip(requests, outputs, strict=True)
+    ]
+
+
+def _served(url: str, path: str, body: dict | None = None) -> dict:
+    """GET (or POST `body` as JSON to) a `vllm serve` endpoint; its errors say what the server answered."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"{url}{path}", data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        raise SamoyedsError(f"{url}{path} answered {e.code}: {e.read().decode(errors='replace')[:2000]}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise SamoyedsError(f"cannot reach the server at {url}: {e}") from None
+
+
+def _served_logprobs(url: str, name: str, requests: list[Window], batch: int = 64) -> list[list[float]]:
+    """The same as _engine_logprobs, from a running `vllm serve` (its completions API takes token ids and returns
+    prompt log-probabilities keyed by token id), `batch` windows per request."""
+    out = []
+    for i in range(0, len(requests), batch):
+        chunk = requests[i : i + batch]
+        body = {"model": name, "prompt": [w.tokens for w in chunk], "max_tokens": 1, "temperature": 0.0}
+        choices = _served(url, "/v1/completions", body | {"prompt_logprobs": 0})["choices"]
+        for w, choice in zip(chunk, sorted(choices, key=lambda c: c["index"]), strict=True):
+            logprobs = choice["prompt_logprobs"]
+            out.append([logprobs[pos][str(w.tokens[pos])]["logprob"] for pos in w.scored_positions])
+    return out
+
+
 def evaluate(
     model: str | Path,
     data: str,
@@ -108,15 +154,21 @@ def evaluate(
     split: str = "test",
     text_field: str = "text",
     engine_flags: list[str] = (),
+    server: str | None = None,
 ) -> EvalResult:
     """Score `data` (a text_data SOURCE) with the model served by vLLM. `max_tokens` keeps whole documents, in
-    order, until that many tokens are reached. `engine_flags` are `vllm serve` engine flags."""
+    order, until that many tokens are reached. `engine_flags` are `vllm serve` engine flags for a new engine;
+    `server` is instead the URL of a running `vllm serve` of `model`, which then scores."""
     from transformers import AutoTokenizer
-    from vllm import SamplingParams, TokensPrompt
 
     model = str(model)
     config = read_config(Path(model))
     context = int(config.get("max_position_embeddings") or DEFAULT_WINDOW + 1)
+    if server:
+        if engine_flags:
+            raise SamoyedsError("engine flags apply to a new engine, not to a running server")
+        served = _served(server, "/v1/models")["data"][0]
+        context = min(context, int(served.get("max_model_len") or context))
     window = window or min(DEFAULT_WINDOW, context - 1)
     stride = stride or max(1, window // 2)
     if window + 1 > context:
@@ -139,23 +191,17 @@ def evaluate(
     sep = separator_id(tokenizer)
     requests = [w for doc in ids for w in windows(doc, sep, window, stride)]
 
-    llm = _engine(model, window + 1, list(engine_flags))
-    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    llm = None if server else _engine(model, window + 1, list(engine_flags))
     start = time.perf_counter()
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=w.tokens) for w in requests], params, use_tqdm=True)
+    logprobs = _served_logprobs(server, served["id"], requests) if server else _engine_logprobs(llm, requests)
     seconds = time.perf_counter() - start
-    nll = 0.0
-    for request, output in zip(requests, outputs, strict=True):
-        logprobs = output.prompt_logprobs
-        for pos in range(len(request.tokens) - request.scored, len(request.tokens)):
-            nll -= logprobs[pos][request.tokens[pos]].logprob
     return EvalResult(
         model=model,
         data=str(data),
         documents=len(ids),
         tokens=sum(w.scored for w in requests),
         bytes=sum(num_bytes),
-        nll=nll,
+        nll=-sum(map(sum, logprobs)),
         window=window,
         stride=stride,
         seconds=seconds,

