@@ -34,13 +34,12 @@ from types import SimpleNamespace
 import torch
 
 from ..errors import SamoyedsError
+from ..tools.fp8_blocks import BLOCK as FP8_BLOCK
+from ..tools.fp8_blocks import dequantize_blocks, quantize_blocks
 from ..tools.moe_problem import MoEProblem, relative_error
 from .quant import (
-    FP8_BLOCK,
-    dequantize_fp8_block,
     dequantize_int4_rows,
     pack_int4_rows,
-    quantize_fp8_block,
     tensor_bytes,
 )
 from .timing import time_cuda_graph_captures
@@ -86,8 +85,8 @@ class PeerInputs:
     def fp8(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(w13 fp8 [E, 2I, H], its scales [E, 2I/128, H/128], w2 fp8 [E, H, I], its scales)."""
         if self._fp8 is None:
-            w13, s13 = quantize_fp8_block(self.problem.w13)
-            w2, s2 = quantize_fp8_block(self.problem.w2)
+            w13, s13 = quantize_blocks(self.problem.w13)
+            w2, s2 = quantize_blocks(self.problem.w2)
             self._fp8 = (w13, s13, w2, s2)
         return self._fp8
 
@@ -173,7 +172,7 @@ def fp8_triton_fused_experts(inputs: PeerInputs) -> MoEPath:
         "fp8-triton-fused_experts",
         PEERS["fp8-triton-fused_experts"].label,
         lambda: fused_experts(p.x, w13, w2, p.topk_weights, ids, quant_config=quant),
-        lambda e: (dequantize_fp8_block(w13[e], s13[e]), dequantize_fp8_block(w2[e], s2[e])),
+        lambda e: (dequantize_blocks(w13[e], s13[e]), dequantize_blocks(w2[e], s2[e])),
         tensor_bytes(w13[0], s13[0], w2[0], s2[0]),
         {"tuned_config": _tuned_config(p, "fp8_w8a8", list(FP8_BLOCK))},
     )
@@ -266,7 +265,7 @@ def _fp8_backend(inputs: PeerInputs, name: str, backend_name: str) -> MoEPath:
         name,
         PEERS[name].label,
         run,
-        lambda x: (dequantize_fp8_block(w13[x], s13[x], dtype=dtype), dequantize_fp8_block(w2[x], s2[x], dtype=dtype)),
+        lambda x: (dequantize_blocks(w13[x], s13[x], dtype=dtype), dequantize_blocks(w2[x], s2[x], dtype=dtype)),
         tensor_bytes(k13[0], k2[0], ks13[0], ks2[0]),
         details,
     )

@@ -39,30 +39,48 @@ def block_size(quant: dict) -> tuple[int, int] | None:
     return block[0], block[1]
 
 
-def _expand(scale: torch.Tensor, shape: tuple[int, int], block: tuple[int, int]) -> torch.Tensor:
-    return scale.repeat_interleave(block[0], 0)[: shape[0]].repeat_interleave(block[1], 1)[:, : shape[1]]
+def scale_shape(shape: tuple[int, ...], block: tuple[int, int] = BLOCK) -> tuple[int, ...]:
+    """The scale_inv shape of a [..., M, K] weight: one per block, partial blocks at the edges included."""
+    *lead, m, k = shape
+    return (*lead, -(-m // block[0]), -(-k // block[1]))
 
 
-def quantize_blocks(w: torch.Tensor, block: tuple[int, int] = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float8 weight, float32 scale_inv per block) of a 2-D weight: each block's largest magnitude maps to FP8_MAX."""
-    m, k = w.shape
-    rows, cols = -(-m // block[0]), -(-k // block[1])
-    padded = torch.zeros(rows * block[0], cols * block[1], dtype=torch.float32)
-    padded[:m, :k] = w.float()
-    blocks = padded.reshape(rows, block[0], cols, block[1])
-    amax = blocks.abs().amax(dim=(1, 3))
-    scale_inv = torch.where(amax > 0, amax / FP8_MAX, torch.ones(()))
-    q = (w.float() / _expand(scale_inv, (m, k), block)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q, scale_inv
+def quantize_blocks(
+    w: torch.Tensor, block: tuple[int, int] = BLOCK, chunk_elements: int = 1 << 28
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., M, K] -> (float8 q [..., M, K], float32 scale_inv [..., ceil(M / 128), ceil(K / 128)]): each block's
+    largest magnitude maps to FP8_MAX (blocks of zeros get scale 1). A few matrices at a time (fp32 temporaries of
+    ~`chunk_elements`), so DeepSeek-V3's 15 GB of gate/up weights quantize next to the weights themselves."""
+    *lead, m, k = w.shape
+    flat = w.reshape(-1, m, k)
+    q = torch.empty(flat.shape, dtype=FP8, device=w.device)
+    scale = torch.empty(scale_shape(flat.shape, block), dtype=torch.float32, device=w.device)
+    bm, bk = block
+    mb, kb = scale.shape[-2:]
+    step = max(1, chunk_elements // (m * k))
+    for start in range(0, flat.shape[0], step):
+        part = flat[start : start + step].float()
+        padded = torch.nn.functional.pad(part, (0, kb * bk - k, 0, mb * bm - m))
+        blocks = padded.reshape(-1, mb, bm, kb, bk)
+        amax = blocks.abs().amax(dim=(2, 4))
+        s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        scaled = (blocks / s[:, :, None, :, None]).clamp_(-FP8_MAX, FP8_MAX)
+        q[start : start + step] = scaled.reshape(padded.shape)[:, :m, :k].to(FP8)
+        scale[start : start + step] = s
+    return q.reshape(w.shape), scale.reshape(*lead, mb, kb)
 
 
-def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int], dtype: torch.dtype):
-    """The weight a block-quantized tensor stands for, in `dtype`."""
-    m, k = q.shape
-    expected = (-(-m // block[0]), -(-k // block[1]))
+def dequantize_blocks(
+    q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = BLOCK, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The weights [..., M, K] a block-quantized tensor stands for. float32 gives q * scale exactly; a 16-bit dtype
+    rounds the scale and the product to it (as Marlin's FP8 kernel multiplies in the activations' dtype)."""
+    expected = scale_shape(q.shape, block)
     if tuple(scale_inv.shape) != expected:
         raise CheckpointError(f"scale_inv has shape {tuple(scale_inv.shape)}, expected {expected} for {tuple(q.shape)}")
-    return (q.float() * _expand(scale_inv.float(), (m, k), block)).to(dtype)
+    m, k = q.shape[-2:]
+    full = scale_inv.repeat_interleave(block[0], dim=-2).repeat_interleave(block[1], dim=-1)[..., :m, :k]
+    return q.to(dtype) * full.to(dtype)
 
 
 class Fp8BlockReader:
@@ -92,6 +110,8 @@ class Fp8BlockReader:
         if scale_name not in self._present:
             raise CheckpointError(f"{self.model_dir}: FP8 tensor {name} has no {scale_name}")
         try:
-            return dequantize_blocks(tensor, self.reader.get(scale_name), self.block, self.dtype)
+            return dequantize_blocks(tensor, self.reader.get(scale_name).float(), self.block, torch.float32).to(
+                self.dtype
+            )
         except CheckpointError as e:
             raise CheckpointError(f"{self.model_dir}: {name}: {e}") from None

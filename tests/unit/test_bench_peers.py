@@ -19,17 +19,16 @@ from samoyeds_vllm.bench.peers import (
     speedups,
 )
 from samoyeds_vllm.bench.quant import (
-    FP8_BLOCK,
-    dequantize_fp8_block,
     dequantize_int4_rows,
     pack_int4_rows,
-    quantize_fp8_block,
     unpack_int4_rows,
 )
 from samoyeds_vllm.cli import _token_counts, build_parser, main
 from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.format import Pattern, compress, prune
 from samoyeds_vllm.tools.architectures import MoEShape
+from samoyeds_vllm.tools.fp8_blocks import BLOCK as FP8_BLOCK
+from samoyeds_vllm.tools.fp8_blocks import dequantize_blocks, quantize_blocks
 from samoyeds_vllm.tools.moe_problem import _prune_and_pack, make_problem
 
 # --- weight formats -------------------------------------------------------------------------------------------
@@ -38,12 +37,12 @@ from samoyeds_vllm.tools.moe_problem import _prune_and_pack, make_problem
 def test_fp8_block_scales_are_block_amax_over_448_and_round_trip():
     torch.manual_seed(0)
     w = (torch.randn(3, 200, 300) * 0.05).to(torch.bfloat16)  # M, K not multiples of 128: edge blocks
-    q, scale = quantize_fp8_block(w, chunk_elements=200 * 300)  # one matrix per chunk
+    q, scale = quantize_blocks(w, chunk_elements=200 * 300)  # one matrix per chunk
     assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape
     assert scale.dtype == torch.float32 and scale.shape == (3, 2, 3)
     assert scale[1, 1, 2] == w[1, 128:, 256:].float().abs().max() / 448
     assert q[1, 128:, 256:].float().abs().max() == 448
-    back = dequantize_fp8_block(q, scale)
+    back = dequantize_blocks(q, scale)
     assert ((back - w.float()).norm() / w.float().norm()) < 0.04  # e4m3: 3 mantissa bits
 
 
@@ -52,14 +51,14 @@ def test_fp8_block_matches_vllms_quantizer():
     deep_gemm = pytest.importorskip("vllm.utils.deep_gemm")
     original = getattr(deep_gemm.per_block_cast_to_fp8, "_torchdynamo_orig_callable", deep_gemm.per_block_cast_to_fp8)
     w = torch.randn(256, 384) * 0.02
-    q, scale = quantize_fp8_block(w)
+    q, scale = quantize_blocks(w)
     q_vllm, scale_vllm = original(w, list(FP8_BLOCK))
     assert torch.equal(scale, scale_vllm) and torch.equal(q.float(), q_vllm.float())
 
 
 def test_fp8_dequantize_in_bf16_rounds_scale_and_product():
-    q, scale = quantize_fp8_block(torch.randn(2, 128, 128))
-    exact, rounded = dequantize_fp8_block(q, scale), dequantize_fp8_block(q, scale, dtype=torch.bfloat16)
+    q, scale = quantize_blocks(torch.randn(2, 128, 128))
+    exact, rounded = dequantize_blocks(q, scale), dequantize_blocks(q, scale, dtype=torch.bfloat16)
     assert rounded.dtype == torch.bfloat16
     assert torch.equal(
         rounded, q.to(torch.bfloat16) * scale.to(torch.bfloat16).repeat_interleave(128, 1).repeat_interleave(128, 2)
