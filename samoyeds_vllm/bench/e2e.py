@@ -53,6 +53,7 @@ from ..tools.vllm_server import (
     VllmServer,
     gpu_memory_used,
     gpu_processes,
+    nvidia_smi,
     parse_engine_log,
     vllm_command,
     wait_for_gpu_memory,
@@ -152,18 +153,10 @@ def environment() -> dict:
     except ImportError:
         vllm_version = None
     device = None
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        gpus = [line.strip() for line in done.stdout.splitlines() if line.strip()]
-        if gpus:
-            device = f"{len(gpus)} x {gpus[0]}" if len(gpus) > 1 else gpus[0]
-    except (subprocess.SubprocessError, OSError):
-        pass
+    gpus = [line.strip() for line in (nvidia_smi("gpu=name,memory.total,driver_version") or "").splitlines()]
+    gpus = [gpu for gpu in gpus if gpu]
+    if gpus:
+        device = f"{len(gpus)} x {gpus[0]}" if len(gpus) > 1 else gpus[0]
     if device is None:
         cpu = (
             re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)

@@ -129,20 +129,31 @@ def parse_engine_log(text: str) -> dict:
     return info
 
 
+def nvidia_smi(query: str, *formats: str) -> str | None:
+    """nvidia-smi's CSV answer to `--query-...=` (e.g. "gpu=memory.used"), None without nvidia-smi or on an error."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", f"--query-{query}", "--format=" + ",".join(("csv", "noheader", *formats))],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+
+
 def gpu_memory_used() -> list[float] | None:
     """GiB in use on each GPU, by nvidia-smi (or torch in a fresh process, so this process never holds a CUDA
     context); None on a machine without a GPU."""
-    if shutil.which("nvidia-smi"):
+    answer = nvidia_smi("gpu=memory.used", "nounits")
+    if answer is not None:
         try:
-            done = subprocess.run(
-                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=True,
-            )
-            return [float(mib) / 1024 for mib in done.stdout.split()]
-        except (subprocess.SubprocessError, OSError, ValueError):
+            return [float(mib) / 1024 for mib in answer.split()]
+        except ValueError:
             pass
     probe = (
         "import torch\n"
@@ -158,16 +169,8 @@ def gpu_memory_used() -> list[float] | None:
 
 def gpu_processes() -> str:
     """The processes holding GPU memory, as nvidia-smi lists them (for error messages)."""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        return done.stdout.strip() or "none listed"
-    except (subprocess.SubprocessError, OSError):
-        return "unknown (no nvidia-smi)"
+    answer = nvidia_smi("compute-apps=pid,process_name,used_memory")
+    return "unknown (no nvidia-smi)" if answer is None else answer.strip() or "none listed"
 
 
 def wait_for_gpu_memory(baseline: list[float] | None, timeout: float = 300.0, slack_gib: float = 1.0) -> None:
