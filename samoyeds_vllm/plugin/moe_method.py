@@ -1,6 +1,7 @@
 """The samoyeds fused-MoE method: packed expert parameters, their loading, routing and the sparse-MoE op.
 
-The method routes by itself (`is_monolithic`): vLLM's router needs CUDA-only ops, and the CPU build lacks them.
+The method routes by itself (`is_monolithic`): on CUDA through vLLM's own router (or its fused top-k softmax
+kernel), on CPU, whose vLLM build lacks the router's CUDA ops, through the same routings in tensor ops.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from vllm.model_executor.layers.fused_moe import FusedMoeWeightScaleSupported, R
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.utils import set_weight_attrs
+from vllm.platforms import current_platform
 
 from .. import kernels
 from ..errors import PatternError
@@ -26,7 +28,7 @@ from ..format import (
     quantize,
 )
 from . import ops
-from .routing import route
+from .routing import Routing, route
 
 logger = init_logger(__name__)
 
@@ -34,26 +36,29 @@ logger = init_logger(__name__)
 _VALID_META_FILL = 0x4444
 
 
-def _check_supported_routing(layer: RoutedExperts) -> None:
-    """The method routes by itself (softmax top-k, optionally grouped): refuse what it does not do."""
+def _check_supported(layer: RoutedExperts) -> Routing:
+    """The layer's routing, which vLLM's router computes (on CPU: its paths in tensor ops); refuses what the
+    kernels cannot run (they compute SiLU-gated experts without biases) and what the CPU path cannot route."""
     unsupported = []
-    if layer.scoring_func != "softmax":
-        unsupported.append(f"scoring function {layer.scoring_func!r}")
-    if layer.custom_routing_function is not None:
-        unsupported.append("a custom routing function")
-    if layer.e_score_correction_bias is not None:
-        unsupported.append("expert score correction bias")
-    if layer.apply_router_weight_on_input:
-        unsupported.append("router weights applied on the input")
     if layer.activation != MoEActivation.SILU:
         unsupported.append(f"activation {layer.activation.value!r}")
+    if layer.swiglu_limit is not None or layer.swiglu_alpha is not None or layer.swiglu_beta is not None:
+        unsupported.append("a clamped SwiGLU (swiglu_limit / alpha / beta, gpt-oss)")
     if layer.moe_config.has_bias:
         unsupported.append("expert biases")
+    if layer.apply_router_weight_on_input and layer.top_k != 1:
+        # vLLM implements it for top-1 only (its prepare steps assert so): weight * expert(x) == expert(weight * x)
+        # holds for no nonlinear expert, and with k > 1 there is no single input to scale
+        unsupported.append(f"router weights applied on the input with top_k {layer.top_k} (vLLM does top-1)")
+    routing = Routing.of_layer(layer)
+    if current_platform.is_cpu() and (what := routing.unsupported_on_cpu()):
+        unsupported.append(f"{what} routing on CPU")
     if unsupported:
         raise NotImplementedError(
-            f"{layer.layer_name}: the samoyeds method supports softmax top-k routing of "
-            f"SiLU experts without biases, not {', '.join(unsupported)}"
+            f"{layer.layer_name}: the samoyeds method runs SiLU-gated experts without biases, routed by any of "
+            f"vLLM's routings for them, not {', '.join(unsupported)}"
         )
+    return routing
 
 
 class SamoyedsMoEMethod(FusedMoEMethodBase):
@@ -67,7 +72,7 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
 
     @property
     def is_monolithic(self) -> bool:
-        return True  # routes itself: vLLM's router needs CUDA-only ops, and routing fuses with the experts
+        return True  # routes itself: vLLM's router needs CUDA-only ops that the CPU build lacks
 
     def get_fused_moe_quant_config(self, layer: torch.nn.Module):
         return None
@@ -81,7 +86,7 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
         params_dtype: torch.dtype,
         **extra_weight_attrs,
     ):
-        _check_supported_routing(layer)
+        self.routing = _check_supported(layer)
         tp_size = self.moe.moe_parallel_config.tp_size
         inter = intermediate_size_per_partition
         self.dense_shapes = shapes = {
@@ -186,14 +191,10 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
     def apply_monolithic(
         self, layer: RoutedExperts, x: torch.Tensor, router_logits: torch.Tensor, input_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
-        grouped = layer.use_grouped_topk
-        topk_weights, topk_ids = route(
-            router_logits,
-            layer.top_k,
-            layer.renormalize,
-            layer.num_expert_group if grouped else None,
-            layer.topk_group if grouped else None,
-        )
+        topk_weights, topk_ids = route(router_logits, self.routing, x)
+        if layer.apply_router_weight_on_input:  # top-1 (checked at load): the experts read weight * x, unweighted
+            x = x * topk_weights.to(x.dtype)
+            topk_weights = torch.ones_like(topk_weights)
         if layer.expert_map is not None:  # expert parallelism: global ids -> local ids, -1 elsewhere
             topk_ids = layer.expert_map[topk_ids]
         w13, w2 = self._packed(layer, "w13"), self._packed(layer, "w2")

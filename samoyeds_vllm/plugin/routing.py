@@ -1,39 +1,160 @@
 """Router logits -> (weights, expert ids) for the experts the method runs.
 
-vLLM's fused top-k softmax kernel on CUDA (the kernel its own MoE routes with), plain tensor ops elsewhere and
-for grouped top-k (traceable by torch.compile, no host syncs).
+Every routing comes from vLLM's own router (`create_fused_moe_router`, given the layer's routing attributes as
+vLLM's `FusedMoE` gives them to the layer's own router): on CUDA the method calls it, so the experts get what
+vLLM's fused MoE would, fused routing kernels included, and routings vLLM adds later come for free. Its CUDA ops
+are missing from the CPU build, so there each router class is computed with plain tensor ops that follow vLLM's
+code path for path (vLLM's own CPU grouped top-k for grouped routing, the custom routing function itself). Plain
+softmax top-k on CUDA calls vLLM's fused top-k softmax kernel directly, as vLLM's `FusedTopKRouter` does, without
+the router's Python layers.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+#: The scoring functions the CPU path computes (vLLM's router also has DeepSeek-V4's hash routing, not here).
+SCORING_FUNCS = ("softmax", "sigmoid")
+
+
+@dataclass(eq=False)
+class Routing:
+    """A layer's routing, as vLLM's `RoutedExperts` records it. `routed_scaling_factor` is the one vLLM gives the
+    router: 1.0 where the model asks vLLM's MoE runner to scale the experts' output instead (DeepSeek-V2/V3,
+    GLM-4.5 off ROCm), so applying it here never applies it twice."""
+
+    top_k: int
+    renormalize: bool = True
+    scoring_func: str = "softmax"
+    use_grouped_topk: bool = False
+    num_expert_group: int | None = None
+    topk_group: int | None = None
+    e_score_correction_bias: torch.Tensor | None = None
+    routed_scaling_factor: float = 1.0
+    custom_routing_function: Callable | None = None
+    global_num_experts: int = 0
+
+    @classmethod
+    def of_layer(cls, layer) -> Routing:
+        return cls(
+            top_k=layer.top_k,
+            renormalize=layer.renormalize,
+            scoring_func=layer.scoring_func,
+            use_grouped_topk=layer.use_grouped_topk,
+            num_expert_group=layer.num_expert_group,
+            topk_group=layer.topk_group,
+            e_score_correction_bias=layer.e_score_correction_bias,
+            routed_scaling_factor=layer.routed_scaling_factor,
+            custom_routing_function=layer.custom_routing_function,
+            global_num_experts=layer.global_num_experts,
+        )
+
+    @functools.cached_property
+    def router(self):
+        """vLLM's router for this routing (building it runs no ops: fine on CPU)."""
+        from vllm.model_executor.layers.fused_moe.router.router_factory import create_fused_moe_router
+
+        return create_fused_moe_router(
+            top_k=self.top_k,
+            global_num_experts=self.global_num_experts,
+            renormalize=self.renormalize,
+            use_grouped_topk=self.use_grouped_topk,
+            num_expert_group=self.num_expert_group,
+            topk_group=self.topk_group,
+            scoring_func=self.scoring_func,
+            routed_scaling_factor=self.routed_scaling_factor,
+            e_score_correction_bias=self.e_score_correction_bias,
+            custom_routing_function=self.custom_routing_function,
+        )
+
+    @functools.cached_property
+    def plain_softmax(self) -> bool:
+        """vLLM's router is a `FusedTopKRouter` with softmax: one `topk_softmax` kernel on CUDA."""
+        from vllm.model_executor.layers.fused_moe.router.fused_topk_router import FusedTopKRouter
+
+        return type(self.router) is FusedTopKRouter and self.scoring_func == "softmax"
+
+    def unsupported_on_cpu(self) -> str | None:
+        """What the CPU path cannot compute (None: everything), named for the load-time error."""
+        from vllm.model_executor.layers.fused_moe.router.custom_routing_router import CustomRoutingRouter
+
+        if self.scoring_func not in SCORING_FUNCS and not isinstance(self.router, CustomRoutingRouter):
+            return f"scoring function {self.scoring_func!r}"
+        if type(self.router).__name__ not in _CPU_ROUTERS:
+            return f"vLLM's {type(self.router).__name__}"
+        return None
+
 
 def route(
-    router_logits: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    num_expert_group: int | None = None,
-    topk_group: int | None = None,
+    router_logits: torch.Tensor, routing: Routing, hidden_states: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax top-k routing, optionally restricted to the best `topk_group` of `num_expert_group` expert
-    groups (DeepSeek-V2's grouped top-k). Returns fp32 weights [T, k] and int64 expert ids [T, k]."""
-    grouped = bool(num_expert_group and num_expert_group > 1)
-    if router_logits.is_cuda and not grouped and _fused_topk_softmax() is not None:
-        return _route_fused(router_logits, top_k, renormalize)
-    scores = torch.softmax(router_logits.float(), dim=-1)
-    if grouped:
-        tokens, experts = scores.shape
-        group_scores = scores.view(tokens, num_expert_group, -1).amax(dim=-1)
-        best_groups = group_scores.topk(topk_group, dim=-1).indices
-        group_mask = torch.zeros_like(group_scores).scatter_(1, best_groups, 1.0)
-        expert_mask = group_mask.unsqueeze(-1).expand(tokens, num_expert_group, experts // num_expert_group)
-        scores = scores.masked_fill(expert_mask.reshape(tokens, experts) == 0, 0.0)
-    weights, ids = scores.topk(top_k, dim=-1)
+    """fp32 weights [T, k] and expert ids [T, k] (int64 from the fused and CPU paths, vLLM's router's int32 on
+    CUDA otherwise; the op takes either). `hidden_states` goes to custom routing functions (default: the logits,
+    for callers without them: only its token count is read elsewhere)."""
+    if hidden_states is None:
+        hidden_states = router_logits
+    if router_logits.is_cuda:
+        if routing.plain_softmax and _fused_topk_softmax() is not None:
+            return _route_fused(router_logits, routing.top_k, routing.renormalize)
+        return routing.router.select_experts(hidden_states, router_logits)
+    return _route_cpu(routing, hidden_states, router_logits)
+
+
+def _route_cpu(routing: Routing, hidden_states: torch.Tensor, logits: torch.Tensor):
+    """vLLM's router, class by class, in tensor ops."""
+    router = routing.router
+    kind = type(router).__name__
+    if kind == "CustomRoutingRouter":  # the model's function (Llama-4's: top-k of logits, sigmoid of those)
+        weights, ids = router.select_experts(hidden_states, logits)
+        return weights, ids.long()
+    bias, scale = routing.e_score_correction_bias, routing.routed_scaling_factor
+    if kind == "GroupedTopKRouter":
+        experts, groups = logits.shape[-1], routing.num_expert_group
+        if experts > groups and experts % groups == 0:
+            from vllm.model_executor.layers.fused_moe.cpu_fused_moe import grouped_topk
+
+            weights, ids = grouped_topk(
+                hidden_states,
+                logits,
+                routing.top_k,
+                routing.renormalize,
+                groups,
+                routing.topk_group,
+                routing.scoring_func,
+                scale,
+                bias,
+            )
+            return weights.float(), ids.long()
+        # vLLM's GroupedTopKRouter without valid groups: fused_topk_bias, or fused_topk (softmax, unscaled)
+        if bias is None:
+            return _topk(logits, "softmax", None, routing.top_k, routing.renormalize, 1.0)
+        return _topk(logits, routing.scoring_func, bias, routing.top_k, routing.renormalize, scale)
+    if kind == "FusedTopKBiasRouter":
+        return _topk(logits, routing.scoring_func, bias, routing.top_k, routing.renormalize, scale)
+    if kind == "FusedTopKRouter":  # vLLM's fused_topk applies no routed_scaling_factor
+        return _topk(logits, routing.scoring_func, None, routing.top_k, routing.renormalize, 1.0)
+    raise NotImplementedError(f"the samoyeds method cannot compute vLLM's {kind} on CPU")
+
+
+_CPU_ROUTERS = ("CustomRoutingRouter", "GroupedTopKRouter", "FusedTopKBiasRouter", "FusedTopKRouter")
+
+
+def _topk(logits, scoring_func, bias, top_k, renormalize, scale):
+    """vLLM's topk_softmax / topk_sigmoid kernels (and fused_topk_bias's tensor-op version): scores in fp32, the
+    bias added for selection only, weights from the unbiased scores, renormalised, then scaled."""
+    logits = logits.float()
+    scores = torch.softmax(logits, dim=-1) if scoring_func == "softmax" else logits.sigmoid()
+    choice = scores if bias is None else scores + bias.unsqueeze(0)
+    ids = choice.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    if scale != 1.0:
+        weights = weights * scale
     return weights, ids
 
 

@@ -15,7 +15,7 @@ import torch
 from .. import kernels
 from ..format import PackedWeight, Pattern, compress, decompress, prune, quantize
 from ..plugin.ops import moe_experts, moe_reference
-from ..plugin.routing import route
+from ..plugin.routing import Routing, route
 from .architectures import MoEShape
 
 ROUTINGS = ("balanced", "skewed", "sparse", "one-hot")
@@ -45,7 +45,7 @@ def random_routing(tokens: int, shape: MoEShape, kind: str, generator: torch.Gen
         logits[:, 0] = 1e4
     elif kind != "balanced":
         raise ValueError(f"unknown routing {kind!r}; choose one of {', '.join(ROUTINGS)}")
-    return route(logits, shape.top_k, renormalize=True)
+    return route(logits, Routing(shape.top_k))
 
 
 def make_problem(

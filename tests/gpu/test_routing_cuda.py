@@ -13,7 +13,7 @@ from samoyeds_vllm.plugin import routing
 def test_routing_on_cuda_uses_vllms_fused_kernel_and_matches_the_definition(experts, top_k, renormalize, dtype):
     assert routing._fused_topk_softmax() is not None, "vLLM's CUDA ops are not loaded"
     logits = torch.randn(300, experts, generator=torch.Generator().manual_seed(experts)).to(dtype)
-    weights, ids = routing.route(logits.cuda(), top_k, renormalize)
+    weights, ids = routing.route(logits.cuda(), routing.Routing(top_k, renormalize))
     ref_weights, ref_ids = reference_route(logits.float(), top_k, renormalize)
     assert weights.dtype == torch.float32 and ids.dtype == torch.int64
     weights, ids = weights.cpu(), ids.cpu()

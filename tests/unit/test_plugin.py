@@ -2,17 +2,19 @@
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import reference_route
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
 import samoyeds_vllm
-from samoyeds_vllm.format import Pattern, compress, prune
-from samoyeds_vllm.plugin import ops
+from samoyeds_vllm.format import SUFFIXES, Pattern, compress, prune
+from samoyeds_vllm.plugin import moe_method, ops
 from samoyeds_vllm.plugin.config import SamoyedsConfig
-from samoyeds_vllm.plugin.routing import route
+from samoyeds_vllm.plugin.routing import Routing, route
 
 PATTERNS = [Pattern.parse("2:4"), Pattern.parse("samoyeds"), Pattern.parse("samoyeds", 64)]
 
@@ -72,13 +74,169 @@ def test_config_rejects_unknown_versions_and_patterns(config, words):
 def test_routing_matches_the_definition(renormalize, groups):
     logits = torch.randn(37, 16)
     num_groups, topk_group = groups or (None, None)
-    weights, ids = route(logits, 3, renormalize, num_groups, topk_group)
+    routing = Routing(3, renormalize, use_grouped_topk=bool(groups), num_expert_group=num_groups, topk_group=topk_group)
+    weights, ids = route(logits, routing)
     ref_weights, ref_ids = reference_route(logits, 3, renormalize, num_groups, topk_group)
     assert torch.equal(ids.sort(-1).values, ref_ids.sort(-1).values)
     order = ids.argsort(-1)
     assert torch.allclose(weights.gather(-1, order).double(), ref_weights.gather(-1, ref_ids.argsort(-1)), atol=1e-6)
     if groups:  # every token's experts come from at most topk_group groups
         assert all(len(set((row // 4).tolist())) <= topk_group for row in ids)
+
+
+def assert_same_routing(got, expected):
+    """Same experts per token (in any order) and the same weight for each, to float tolerance."""
+    (weights, ids), (ref_weights, ref_ids) = got, expected
+    assert weights.dtype == torch.float32 and ids.shape == ref_ids.shape
+    ids, ref_ids = ids.long(), ref_ids.long()
+    assert torch.equal(ids.sort(-1).values, ref_ids.sort(-1).values)
+    order, ref_order = ids.argsort(-1), ref_ids.argsort(-1)
+    assert torch.allclose(weights.gather(-1, order), ref_weights.float().gather(-1, ref_order), rtol=1e-5, atol=1e-6)
+
+
+def deepseek_v3_router(experts, top_k, groups, topk_group, renormalize, scale, bias):
+    """transformers' DeepSeek-V3 router (GLM-4.5 and Kimi-K2 route the same way) on identity gate weights, so
+    that its hidden states are the logits."""
+    from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    config = DeepseekV3Config(
+        hidden_size=experts, n_routed_experts=experts, num_experts_per_tok=top_k, n_group=groups,
+        topk_group=topk_group, norm_topk_prob=renormalize, routed_scaling_factor=scale,
+    )  # fmt: skip
+    router = DeepseekV3TopkRouter(config)
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(experts))
+        router.e_score_correction_bias.copy_(bias)
+    return lambda logits: router(logits)[1:]
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize(
+    "tokens, experts, top_k, groups, topk_group, scale",
+    [(33, 256, 8, 8, 4, 2.5), (7, 64, 6, 8, 3, 1.0), (20, 16, 4, 4, 2, 1.5), (5, 32, 4, 1, 1, 1.0)],
+    ids=["deepseek-v3", "small-groups", "tiny", "one-group"],
+)
+def test_sigmoid_bias_grouped_routing_matches_transformers_deepseek_v3(
+    tokens, experts, top_k, groups, topk_group, scale, renormalize
+):
+    """Sigmoid scores, the score-correction bias for selection only, groups scored by their top-2 biased scores,
+    the scaling factor: vLLM's grouped (and, with one group, bias-only) router against transformers'."""
+    gen = torch.Generator().manual_seed(experts + top_k)
+    logits, bias = torch.randn(tokens, experts, generator=gen), torch.rand(experts, generator=gen) * 0.5
+    routing = Routing(
+        top_k, renormalize, "sigmoid", use_grouped_topk=groups > 1, num_expert_group=groups, topk_group=topk_group,
+        e_score_correction_bias=bias, routed_scaling_factor=scale,
+    )  # fmt: skip
+    assert type(routing.router).__name__ == ("GroupedTopKRouter" if groups > 1 else "FusedTopKBiasRouter")
+    expected = deepseek_v3_router(experts, top_k, groups, topk_group, renormalize, scale, bias)(logits)
+    assert_same_routing(route(logits, routing), expected)
+
+
+def vllm_native_grouped_topk():
+    """vLLM's GPU grouped top-k in plain torch ops, without the torch.compile wrapper (no compiler run here)."""
+    from vllm.model_executor.layers.fused_moe.router import grouped_topk_router
+
+    return grouped_topk_router.grouped_topk._torchdynamo_orig_callable
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("tokens, experts, top_k, groups, topk_group", [(19, 64, 6, 8, 3), (4, 160, 6, 8, 3)])
+def test_grouped_routing_matches_vllms_gpu_grouped_topk(tokens, experts, top_k, groups, topk_group, renormalize,
+                                                        scoring, bias):  # fmt: skip
+    gen = torch.Generator().manual_seed(tokens)
+    logits = torch.randn(tokens, experts, generator=gen)
+    correction = torch.randn(experts, generator=gen) * 0.1 if bias else None
+    routing = Routing(
+        top_k, renormalize, scoring, use_grouped_topk=True, num_expert_group=groups, topk_group=topk_group,
+        e_score_correction_bias=correction, routed_scaling_factor=2.0,
+    )  # fmt: skip
+    expected = vllm_native_grouped_topk()(logits, logits, top_k, renormalize, groups, topk_group, scoring, 2.0,
+                                          correction)  # fmt: skip
+    assert_same_routing(route(logits, routing), expected)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("tokens, experts, top_k", [(23, 16, 4), (3, 128, 8)])
+def test_plain_sigmoid_and_softmax_routing(tokens, experts, top_k, renormalize):
+    """vLLM's FusedTopKRouter (its topk_sigmoid / topk_softmax kernels; no scaling factor there, as in vLLM) against
+    vLLM's grouped top-k with one group, which reduces to them."""
+    logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(experts))
+    for scoring in ("sigmoid", "softmax"):
+        routing = Routing(top_k, renormalize, scoring, routed_scaling_factor=3.0)
+        assert type(routing.router).__name__ == "FusedTopKRouter"
+        expected = vllm_native_grouped_topk()(logits, logits, top_k, renormalize, 1, 1, scoring)
+        assert_same_routing(route(logits, routing), expected)
+
+
+def test_llama4_custom_routing_matches_transformers():
+    """Llama-4: vLLM's custom routing function (sigmoid of the top-1 logit, not renormalised) against
+    transformers' Llama4Router on identity gate weights."""
+    from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4Router
+    from vllm.model_executor.models.llama4 import Llama4MoE
+
+    logits = torch.randn(29, 16, generator=torch.Generator().manual_seed(4))
+    routing = Routing(1, False, "sigmoid", custom_routing_function=Llama4MoE.custom_routing_function)
+    router = Llama4Router(Llama4TextConfig(hidden_size=16, num_local_experts=16, num_experts_per_tok=1))
+    with torch.no_grad():
+        router.weight.copy_(torch.eye(16))
+    scores, _ = router(logits)  # [T, E]: sigmoid(-inf) = 0 off the chosen expert
+    ref_ids = scores.argmax(-1, keepdim=True)
+    assert_same_routing(route(logits, routing), (scores.gather(1, ref_ids), ref_ids))
+
+
+def fake_layer(**changes):
+    """The attributes vLLM's RoutedExperts gives the method, for a plain softmax top-2 layer unless changed."""
+    attrs = dict(
+        layer_name="model.layers.0.mlp.experts", top_k=2, renormalize=True, scoring_func="softmax",
+        use_grouped_topk=False, num_expert_group=None, topk_group=None, e_score_correction_bias=None,
+        routed_scaling_factor=1.0, custom_routing_function=None, global_num_experts=8,
+        activation=MoEActivation.SILU, swiglu_limit=None, swiglu_alpha=None, swiglu_beta=None,
+        apply_router_weight_on_input=False, moe_config=SimpleNamespace(has_bias=False), expert_map=None,
+    )  # fmt: skip
+    return SimpleNamespace(**{**attrs, **changes})
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"activation": MoEActivation.GELU}, "activation 'gelu'"),
+        ({"activation": MoEActivation.SWIGLUOAI, "swiglu_limit": 7.0}, "clamped SwiGLU"),
+        ({"moe_config": SimpleNamespace(has_bias=True)}, "expert biases"),
+        ({"apply_router_weight_on_input": True}, "router weights applied on the input with top_k 2"),
+        ({"scoring_func": "sqrtsoftplus", "e_score_correction_bias": torch.zeros(8)}, "scoring function"),
+    ],
+)
+def test_what_the_kernels_cannot_run_is_refused_at_load(changes, words):
+    with pytest.raises(NotImplementedError, match=words):
+        moe_method._check_supported(fake_layer(**changes))
+    moe_method._check_supported(fake_layer())
+
+
+def test_router_weight_on_the_input():
+    """Llama-4's top-1 experts read weight * x and their output is not weighted again (vLLM's semantics)."""
+    pattern = Pattern.parse("2:4")
+    gen = torch.Generator().manual_seed(3)
+    w13, w2, p13, p2 = make_experts(pattern, 8, 64, 64, torch.float32, gen)
+    from vllm.model_executor.models.llama4 import Llama4MoE
+
+    layer = fake_layer(top_k=1, renormalize=False, custom_routing_function=Llama4MoE.custom_routing_function,
+                       apply_router_weight_on_input=True)  # fmt: skip
+    method = object.__new__(moe_method.SamoyedsMoEMethod)
+    method.pattern, method.routing = pattern, moe_method._check_supported(layer)
+    for name, packed in (("w13", p13), ("w2", p2)):
+        for part, tensor in packed._asdict().items():
+            setattr(layer, f"{name}_{SUFFIXES[part]}", tensor)
+    x, logits = torch.randn(9, 64, generator=gen), torch.randn(9, 8, generator=gen)
+    out = method.apply_monolithic(layer, x, logits)
+    weights, ids = route(logits, method.routing)
+    ref = dense_moe_reference(x * weights, torch.ones_like(weights), ids, w13, w2)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-6
+    weighted_output = dense_moe_reference(x, weights, ids, w13, w2)  # what weighting the output would give
+    assert ((out.double() - weighted_output).norm() / ref.norm()).item() > 1e-2
 
 
 def make_experts(pattern, num_experts, hidden, inter, dtype, generator):
@@ -106,7 +264,7 @@ def test_expert_op_matches_dense_reference(pattern, dtype):
     num_experts, hidden, inter, tokens, top_k = 6, 128, 256, 23, 2
     w13, w2, p13, p2 = make_experts(pattern, num_experts, hidden, inter, dtype, gen)
     x = torch.randn(tokens, hidden, generator=gen).to(dtype)
-    topk_weights, topk_ids = route(torch.randn(tokens, num_experts, generator=gen), top_k, True)
+    topk_weights, topk_ids = route(torch.randn(tokens, num_experts, generator=gen), Routing(top_k))
     topk_ids[0, 1] = -1  # an expert that lives on another rank contributes nothing
     out = ops.moe_experts(x, topk_weights, topk_ids, p13, p2, pattern)
     ref = dense_moe_reference(x, topk_weights, topk_ids, w13, w2)
@@ -121,6 +279,6 @@ def test_expert_op_fake_and_schema():
     gen = torch.Generator().manual_seed(0)
     _, _, p13, p2 = make_experts(pattern, 4, 128, 128, torch.float32, gen)
     x = torch.randn(5, 128, generator=gen)
-    weights, ids = route(torch.randn(5, 4, generator=gen), 2, False)
+    weights, ids = route(torch.randn(5, 4, generator=gen), Routing(2, False))
     args = (x, weights, ids, *p13, *p2, pattern.name, pattern.segment)
     torch.library.opcheck(torch.ops.samoyeds.moe_experts.default, args, test_utils=("test_schema", "test_faketensor"))
