@@ -100,6 +100,10 @@ def route(
     if router_logits.is_cuda:
         if routing.plain_softmax and _fused_topk_softmax() is not None:
             return _route_fused(router_logits, routing.top_k, routing.renormalize)
+        # Softmax grouped top-k without a bias (DeepSeek-V2) keeps the tensor ops it ran on the GPU before this
+        # module called vLLM's router (GPU-tested); vLLM's router serves the routings added with it.
+        if type(routing.router).__name__ == "GroupedTopKRouter" and routing.e_score_correction_bias is None:
+            return _route_cpu(routing, hidden_states, router_logits)
         return routing.router.select_experts(hidden_states, router_logits)
     return _route_cpu(routing, hidden_states, router_logits)
 
