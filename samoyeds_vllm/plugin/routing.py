@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -40,36 +40,15 @@ class Routing:
 
     @classmethod
     def of_layer(cls, layer) -> Routing:
-        return cls(
-            top_k=layer.top_k,
-            renormalize=layer.renormalize,
-            scoring_func=layer.scoring_func,
-            use_grouped_topk=layer.use_grouped_topk,
-            num_expert_group=layer.num_expert_group,
-            topk_group=layer.topk_group,
-            e_score_correction_bias=layer.e_score_correction_bias,
-            routed_scaling_factor=layer.routed_scaling_factor,
-            custom_routing_function=layer.custom_routing_function,
-            global_num_experts=layer.global_num_experts,
-        )
+        """The fields are named as the layer's attributes and as create_fused_moe_router's arguments."""
+        return cls(**{f.name: getattr(layer, f.name) for f in fields(cls)})
 
     @functools.cached_property
     def router(self):
         """vLLM's router for this routing (building it runs no ops: fine on CPU)."""
         from vllm.model_executor.layers.fused_moe.router.router_factory import create_fused_moe_router
 
-        return create_fused_moe_router(
-            top_k=self.top_k,
-            global_num_experts=self.global_num_experts,
-            renormalize=self.renormalize,
-            use_grouped_topk=self.use_grouped_topk,
-            num_expert_group=self.num_expert_group,
-            topk_group=self.topk_group,
-            scoring_func=self.scoring_func,
-            routed_scaling_factor=self.routed_scaling_factor,
-            e_score_correction_bias=self.e_score_correction_bias,
-            custom_routing_function=self.custom_routing_function,
-        )
+        return create_fused_moe_router(**{f.name: getattr(self, f.name) for f in fields(self)})
 
     @functools.cached_property
     def plain_softmax(self) -> bool:
