@@ -1,12 +1,15 @@
-"""Where a decode step's GPU time goes in vLLM, dense vs samoyeds: MoE, attention, other GEMMs, the rest.
+"""Where a decode step's GPU time goes in vLLM, dense and sparse, bf16 and FP8: MoE, attention, other GEMMs, the rest.
 
-    python benchmarks/profile_decode.py --preset qwen3-30b-a3b --pattern samoyeds --batch 1,16 --out DIR
+    python benchmarks/profile_decode.py --preset qwen3-30b-a3b --batch 1,16 --out DIR \
+        [--variants dense,dense-fp8,samoyeds,samoyeds-fp8]
 
-Each variant (the config-only models of `bench e2e`, dummy weights) runs in its own process: vLLM as served
-(CUDA graphs; --enforce-eager to compare) generates --steps tokens for each batch of 8-token prompts under
-vLLM's torch profiler. The GPU kernels of the trace are summed by category (kernel-name patterns below) and
-divided by the steps (the one short prefill is included); the wall time per step is measured around generate.
-Writes DIR/profile-decode.json and prints a table. On a CPU there are no GPU kernels: only wall times.
+Each variant is one of `bench e2e`'s (its config-only model, dummy weights, and the environment its processes get)
+and runs in its own process: vLLM as served (CUDA graphs; --enforce-eager to compare) generates --steps tokens for
+each batch of 8-token prompts, first untimed (so JIT compilation and first-use costs fall there), then under vLLM's
+torch profiler. The GPU kernels of each trace are summed by category (kernel-name patterns below) and divided by
+the steps (the one short prefill is included); the wall time per step is measured around generate, and the GPU
+idle time is what of it no kernel covers (host work between kernels and steps). Writes DIR/profile-decode.json and
+prints a table. On a CPU there are no GPU kernels: only wall times.
 """
 
 from __future__ import annotations
@@ -22,10 +25,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from samoyeds_vllm.format import Pattern
-from samoyeds_vllm.tools.model_maker import preset_model
+from samoyeds_vllm.bench.e2e import VARIANTS, variant_env
 
-VARIANTS = ("dense", "samoyeds")
+DEFAULT_VARIANTS = ("dense", "dense-fp8", "samoyeds", "samoyeds-fp8")
 
 CATEGORIES = (  # first match wins; vLLM's dense MoE runs its SiLU-and-mul (act_and_mul) as a separate kernel
     ("moe", re.compile(r"samoyeds|moe|topk|expert|act_and_mul", re.I)),
@@ -39,16 +41,35 @@ def category(kernel: str) -> str:
     return next((name for name, pattern in CATEGORIES if pattern.search(kernel)), "other")
 
 
-def kernel_times(trace_dir: Path) -> dict[str, float]:
-    """µs of GPU time per kernel name over every torch-profiler trace in `trace_dir`."""
-    totals: dict[str, float] = defaultdict(float)
+def trace_kernels(trace_dir: Path) -> list[tuple[str, float, float]]:
+    """(name, start µs, duration µs) of every GPU kernel in the torch-profiler traces in `trace_dir`."""
+    kernels = []
     for path in sorted(trace_dir.glob("*.json*")):
         with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
             events = json.load(f).get("traceEvents", [])
-        for event in events:
-            if event.get("cat") == "kernel":
-                totals[event.get("name", "")] += float(event.get("dur", 0))
+        kernels += [
+            (e.get("name", ""), float(e.get("ts", 0)), float(e.get("dur", 0)))
+            for e in events
+            if e.get("cat") == "kernel"
+        ]
+    return kernels
+
+
+def kernel_times(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
+    """µs of GPU time per kernel name."""
+    totals: dict[str, float] = defaultdict(float)
+    for name, _, dur in kernels:
+        totals[name] += dur
     return dict(totals)
+
+
+def busy_time(kernels: list[tuple[str, float, float]]) -> float:
+    """µs during which at least one kernel ran (overlapping kernels of several streams count once)."""
+    busy, end = 0.0, float("-inf")
+    for _, start, dur in sorted(kernels, key=lambda k: k[1]):
+        busy += max(0.0, start + dur - max(start, end))
+        end = max(end, start + dur)
+    return busy
 
 
 def by_category(times: dict[str, float]) -> dict[str, float]:
@@ -58,56 +79,71 @@ def by_category(times: dict[str, float]) -> dict[str, float]:
     return dict(totals)
 
 
-def profile_variant(model: Path, batch: int, steps: int, out: Path, engine_args: dict) -> dict:
-    """One engine (run in its own process): `steps` tokens for `batch` sequences, profiled after a warm-up."""
+def _new_traces(trace_root: Path, seen: set[Path], into: Path, wait_s: float = 60.0) -> None:
+    """Moves the trace files the last profile wrote into `into` (the workers may still be writing them)."""
+    deadline = time.monotonic() + wait_s
+    while not (new := set(trace_root.glob("*.json*")) - seen) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    into.mkdir(parents=True, exist_ok=True)
+    for path in new:
+        path.rename(into / path.name)
+
+
+def profile_variant(model: Path, batches: list[int], steps: int, out: Path, engine_args: dict) -> dict:
+    """One engine (run in its own process): for each batch, `steps` tokens for `batch` sequences, untimed, then
+    timed under the profiler."""
     from vllm import LLM, SamplingParams
 
-    trace_dir = out / f"trace-{model.name}-b{batch}"
+    trace_root = (out / f"trace-{model.name}").resolve()
     llm = LLM(
         str(model),
         load_format="dummy",
-        max_num_seqs=batch,
+        max_num_seqs=max(batches),
         **engine_args,
-        profiler_config={
-            "profiler": "torch",
-            "torch_profiler_dir": str(trace_dir.resolve()),
-            "torch_profiler_with_stack": False,
-        },
+        profiler_config={"profiler": "torch", "torch_profiler_dir": str(trace_root), "torch_profiler_with_stack": False},
     )
-    prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 10 for j in range(8)]} for i in range(batch)]
     params = SamplingParams(max_tokens=steps, ignore_eos=True, temperature=0.0)
-    llm.generate(prompts, params, use_tqdm=False)  # warm-up
-    llm.start_profile()
-    start = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - start
-    llm.stop_profile()
-    times = kernel_times(trace_dir)
-    top = sorted(times.items(), key=lambda item: -item[1])[:TOP_KERNELS]
-    return {
-        batch: {
+    results = {}
+    for batch in batches:
+        prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 10 for j in range(8)]} for i in range(batch)]
+        llm.generate(prompts, params, use_tqdm=False)  # warm-up: same shapes, so JIT compiles fall here
+        llm.reset_prefix_cache()
+        seen = set(trace_root.glob("*.json*"))
+        llm.start_profile()
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        llm.stop_profile()
+        trace_dir = out / f"trace-{model.name}-b{batch}"
+        _new_traces(trace_root, seen, trace_dir)
+        kernels = trace_kernels(trace_dir)
+        times = kernel_times(kernels)
+        top = sorted(times.items(), key=lambda item: -item[1])[:TOP_KERNELS]
+        results[batch] = {
             "wall_ms_per_step": 1e3 * wall / steps,
+            "gpu_busy_ms_per_step": busy_time(kernels) / 1e3 / steps,
             "kernel_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(by_category(times).items())},
             "top_kernels_us_per_step": [
                 {"name": name[:160], "category": category(name), "us": us / steps} for name, us in top
             ],
         }
-    }
+    return results
 
 
 def table(results: dict) -> str:
     names = [name for name, _ in CATEGORIES] + ["other"]
     lines = [
-        f"{'variant':>9} {'batch':>5} {'wall ms':>8} "
-        + " ".join(f"{n:>10}" for n in names)
+        f"{'variant':>12} {'batch':>5} {'wall ms':>8} {'GPU idle':>8} "
+        + " ".join(f"{n:>9}" for n in names)
         + f" {'kernels':>8}  (ms per decode step)"
     ]
     for variant, per_batch in results.items():
         for batch, r in per_batch.items():
             k = r["kernel_ms_per_step"]
+            idle = r["wall_ms_per_step"] - r["gpu_busy_ms_per_step"] if k else float("nan")
             lines.append(
-                f"{variant:>9} {batch:>5} {r['wall_ms_per_step']:>8.2f} "
-                + " ".join(f"{k.get(n, 0.0):>10.2f}" for n in names)
+                f"{variant:>12} {batch:>5} {r['wall_ms_per_step']:>8.2f} {idle:>8.2f} "
+                + " ".join(f"{k.get(n, 0.0):>9.2f}" for n in names)
                 + f" {sum(k.values()):>8.2f}"
             )
     if not any(r["kernel_ms_per_step"] for per_batch in results.values() for r in per_batch.values()):
@@ -118,52 +154,43 @@ def table(results: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="qwen3-30b-a3b")
-    parser.add_argument("--pattern", default="samoyeds", choices=["2:4", "samoyeds"])
+    parser.add_argument("--segment", type=int, default=None, help="samoyeds segment size V of the samoyeds variants")
     parser.add_argument("--batch", default="1,16", help="concurrent sequences, comma-separated")
     parser.add_argument("--steps", type=int, default=64, help="tokens generated per sequence")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"of {', '.join(VARIANTS)}")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "BATCH"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    batches = [int(b) for b in args.batch.split(",")]
     engine_args = {"max_model_len": args.max_model_len, "enforce_eager": args.enforce_eager}
     if args.worker:  # one engine: print its result as JSON on the last line
-        result = profile_variant(Path(args.worker[0]), int(args.worker[1]), args.steps, out, engine_args)
+        result = profile_variant(Path(args.worker), batches, args.steps, out, engine_args)
         print(json.dumps(result))
         sys.stdout.flush()
         os._exit(0)  # vLLM's engine processes can keep the interpreter alive
-    pattern = Pattern.parse(args.pattern)
+    variants = args.variants.split(",")
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        sys.exit(f"unknown variants {', '.join(unknown)}; choose of {', '.join(VARIANTS)}")
     results: dict = {}
-    for variant in args.variants.split(","):
-        model = preset_model(args.preset, out / "models" / variant, pattern if variant == "samoyeds" else None)
-        results[variant] = {}
-        for batch in map(int, args.batch.split(",")):
-            command = [
-                sys.executable,
-                __file__,
-                "--worker",
-                str(model),
-                str(batch),
-                "--out",
-                str(out),
-                "--steps",
-                str(args.steps),
-                "--max-model-len",
-                str(args.max_model_len),
-                *(["--enforce-eager"] if args.enforce_eager else []),
-            ]
-            log = out / f"profile-{variant}-b{batch}.log"
-            with open(log, "w") as f:
-                done = subprocess.run(command, stdout=subprocess.PIPE, stderr=f, text=True)
-            if done.returncode != 0:
-                sys.exit(f"{variant} batch {batch} failed (exit {done.returncode}); see {log}")
-            results[variant].update(json.loads(done.stdout.strip().splitlines()[-1]))
+    for name in variants:
+        variant = VARIANTS[name]
+        model = variant.model(args.preset, args.segment, out / "models" / name)
+        command = [sys.executable, __file__, "--worker", str(model), "--out", str(out), "--batch", args.batch]
+        command += ["--steps", str(args.steps), "--max-model-len", str(args.max_model_len)]
+        command += ["--enforce-eager"] if args.enforce_eager else []
+        log = out / f"profile-{name}.log"
+        with open(log, "w") as f:
+            done = subprocess.run(command, stdout=subprocess.PIPE, stderr=f, text=True, env=variant_env(variant))
+        if done.returncode != 0:
+            sys.exit(f"{name} failed (exit {done.returncode}); see {log}")
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
     record = {
         "preset": args.preset,
-        "pattern": str(pattern),
+        "variants": {name: VARIANTS[name].model.describe(args.segment) for name in variants},
         "steps": args.steps,
         "enforce_eager": args.enforce_eager,
         "date": time.strftime("%Y-%m-%d"),

@@ -28,9 +28,15 @@ def test_kernel_times_by_category(tmp_path):
     ]
     with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events}, f)
-    times = profile_decode.kernel_times(tmp_path)
+    kernels = profile_decode.trace_kernels(tmp_path)
+    times = profile_decode.kernel_times(kernels)
     assert times["fused_moe_kernel"] == 30.0 and "aten::mm" not in times
     assert profile_decode.by_category(times) == {"moe": 53.0, "attention": 7.0, "gemm": 5.0, "other": 2.0}
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    kernels = [("a", 0.0, 10.0), ("b", 5.0, 10.0), ("c", 30.0, 2.0), ("d", 31.0, 0.5)]
+    assert profile_decode.busy_time(kernels) == 17.0  # [0, 15) and [30, 32)
 
 
 @pytest.mark.vllm
@@ -63,5 +69,6 @@ def test_profile_decode_runs_on_cpu(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((tmp_path / "profile-decode.json").read_text())
     assert record["results"]["samoyeds"]["2"]["wall_ms_per_step"] > 0
+    assert record["variants"] == {"samoyeds": "samoyeds(V=128), bf16 values"}
     assert list(tmp_path.glob("trace-samoyeds-b2/*.json*")), "vLLM wrote no profiler trace"
     assert "samoyeds" in done.stdout and "wall ms" in done.stdout
