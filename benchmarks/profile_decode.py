@@ -100,7 +100,11 @@ def profile_variant(model: Path, batches: list[int], steps: int, out: Path, engi
         load_format="dummy",
         max_num_seqs=max(batches),
         **engine_args,
-        profiler_config={"profiler": "torch", "torch_profiler_dir": str(trace_root), "torch_profiler_with_stack": False},
+        profiler_config={
+            "profiler": "torch",
+            "torch_profiler_dir": str(trace_root),
+            "torch_profiler_with_stack": False,
+        },
     )
     params = SamplingParams(max_tokens=steps, ignore_eos=True, temperature=0.0)
     results = {}
