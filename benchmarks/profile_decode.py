@@ -72,6 +72,18 @@ def busy_time(kernels: list[tuple[str, float, float]]) -> float:
     return busy
 
 
+def largest_gaps(kernels: list[tuple[str, float, float]], count: int = 5) -> list[dict]:
+    """The `count` longest stretches with no kernel running, each with the kernels on either side: a one-off
+    stall (a kernel compiled on first use) shows as one gap far longer than the rest."""
+    gaps, end, last = [], float("-inf"), None
+    for name, start, dur in sorted(kernels, key=lambda k: k[1]):
+        if last is not None and start > end:
+            gaps.append({"us": start - end, "after": last[:100], "before": name[:100]})
+        if start + dur >= end:
+            end, last = start + dur, name
+    return sorted(gaps, key=lambda g: -g["us"])[:count]
+
+
 def by_category(times: dict[str, float]) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)
     for name, us in times.items():
@@ -127,6 +139,7 @@ def profile_variant(model: Path, batches: list[int], steps: int, out: Path, engi
             "wall_ms_per_step": 1e3 * wall / steps,
             "gpu_busy_ms_per_step": busy_time(kernels) / 1e3 / steps,
             "kernel_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(by_category(times).items())},
+            "largest_gpu_gaps": largest_gaps(kernels),
             "top_kernels_us_per_step": [
                 {"name": name[:160], "category": category(name), "us": us / steps} for name, us in top
             ],

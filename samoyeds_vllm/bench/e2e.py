@@ -13,13 +13,15 @@ is back, so each sizes its KV cache on the same free memory):
 - offline: one `vllm.LLM` per variant and input/output mix (bench/offline.py, in a subprocess) runs every batch
   size: for each, an untimed `generate` of the same shape (same number of prompts, same lengths, other random
   tokens), then the timed one; output tokens/s = generated tokens / wall time of the timed generate. So Triton and
-  DeepGEMM JIT compilation happen in the untimed run, never in the timed one. `vllm bench throughput` could warm
+  DeepGEMM JIT compilation happen in the untimed run; a timed run that still compiles a kernel (vLLM's JIT
+  monitor logs each) is run again, at most three times, and the record says so. `vllm bench throughput` could warm
   up too (`--num-warmups`, same engine), but it starts an engine per call and a call runs one batch size: five
   engine starts per mix where this needs one, and engine starts are most of the time of a run;
 - serving: `vllm serve` under `vllm bench serve` (random tokens, `--ignore-eos`) at each client concurrency C:
   first an untimed round of C requests at concurrency C (the same prefill and decode batch shapes), then the timed
-  run of C x prompts-per-client requests; output tokens/s, TTFT and TPOT (mean, median, p99). Every call draws
-  other random prompts (its own seed), so no timed request finds its prompt in the prefix cache;
+  run of C x prompts-per-client requests (again if it compiled a kernel, as offline); output tokens/s, TTFT and
+  TPOT (mean, median, p99). Every call draws other random prompts (its own seed), so no timed request finds its
+  prompt in the prefix cache;
 - capacity: model weight memory and KV-cache size from the engine log, and the largest number of concurrent
   sequences of a given length served without preemption, measured by probing concurrencies around vLLM's own
   estimate while polling the server's /metrics.
@@ -50,6 +52,7 @@ from ..errors import SamoyedsError
 from ..format import Pattern
 from ..tools.model_maker import preset_model
 from ..tools.vllm_server import (
+    JIT_MONITOR_FLAGS,
     VllmServer,
     gpu_memory_used,
     gpu_processes,
@@ -57,6 +60,7 @@ from ..tools.vllm_server import (
     parse_engine_log,
     vllm_command,
     wait_for_gpu_memory,
+    without_jit,
 )
 
 HARNESS = 2  # results measured by an earlier harness (no untimed runs) are not resumed into this one's
@@ -233,6 +237,7 @@ def run_offline(
         "batch_sizes": batch_sizes,
         "seed": 0,
         "results": str(results_path),
+        "log": str(log),
     }
     spec_path.write_text(json.dumps(spec, indent=2) + "\n")
     code = "interrupted"
@@ -403,7 +408,8 @@ def run_variant(
 ) -> None:
     """Measures one variant into `result`, skipping what it already holds (a run cut short resumes) and calling
     `save` after each step."""
-    mixes, engine_args = [tuple(m) for m in work.mixes], ["--load-format", "dummy", *work.engine_args]
+    mixes = [tuple(m) for m in work.mixes]
+    engine_args = ["--load-format", "dummy", *JIT_MONITOR_FLAGS, *work.engine_args]
     env = variant_env(variant)
     result["env"] = recorded_env(env)
     result["engine_args"] = engine_args
@@ -459,8 +465,9 @@ def run_variant(
             mix = (serving["input_len"], serving["output_len"])
             # Untimed: one request per client, so this concurrency's batch shapes are compiled and captured.
             _bench_serve(server, model, mix, c, c, out, f"{model.name}-c{c}-warmup", seed=2 * c + 1)
-            level = _bench_serve(server, model, mix, c, work.prompts_per_client * c, out, f"{model.name}-c{c}", 2 * c)
-            serving["levels"].append(level)
+            timed = (server, model, mix, c, work.prompts_per_client * c, out, f"{model.name}-c{c}", 2 * c)
+            level, jit = without_jit(lambda timed=timed: _bench_serve(*timed), log)
+            serving["levels"].append({**level, **jit})
             serving["levels"].sort(key=lambda lv: lv["concurrency"])
             save()
             progress.update()
@@ -606,6 +613,23 @@ def _table(
     return [*lines, ""]
 
 
+def _compiled_in_timed_runs(v: dict, names: list[str]) -> str:
+    """The points whose last timed run still compiled a kernel (tools.vllm_server.without_jit), as text."""
+    points = [
+        f"{n} {r['input_len']}/{r['output_len']} batch {r['batch_size']}"
+        for n in names
+        for r in v[n].get("throughput", [])
+        if r.get("jit_free") is False
+    ]
+    points += [
+        f"{n} serving {lv['concurrency']} clients"
+        for n in names
+        for lv in v[n].get("serving", {}).get("levels", [])
+        if lv.get("jit_free") is False
+    ]
+    return ", ".join(points)
+
+
 def markdown(results: dict) -> str:
     v = results["variants"]
     names = [n for n in VARIANTS if n in v]
@@ -614,8 +638,8 @@ def markdown(results: dict) -> str:
         "",
         f"{results['device']}, vLLM {results['vllm']}, torch {results['torch']}, dummy weights, engine flags "
         f"`{' '.join(['--load-format dummy', *results['engine_args']])}`. Every timed batch ran after an untimed "
-        "one of the same shape in the same engine. Ratios: against the best dense variant at that point (for "
-        "TTFT and TPOT dense / ours: above 1 is faster).",
+        "one of the same shape in the same engine, and again if it compiled a kernel. Ratios: against the best "
+        "dense variant at that point (for TTFT and TPOT dense / ours: above 1 is faster).",
         "",
     ]
     for name in names:
@@ -642,6 +666,8 @@ def markdown(results: dict) -> str:
             if any(x is not None for row in rows.values() for x in row.values()):
                 title = f"serving {mix['input_len']}/{mix['output_len']}, {label}"
                 lines += _table(title, ["clients"], rows, names, spec, higher)
+    if jit := _compiled_in_timed_runs(v, names):
+        lines += [f"**A kernel was still compiled in every timed run** (so these include it): {jit}", ""]
     memory = {n: _memory(v[n]) for n in names}
     measured = {n: memory[n].get("measured", {}) for n in names}
     rows = [

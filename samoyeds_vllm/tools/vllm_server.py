@@ -129,6 +129,39 @@ def parse_engine_log(text: str) -> dict:
     return info
 
 
+#: Engine flag: vLLM's JIT monitor logs every kernel it compiles or autotunes after its warm-up (not only the first
+#: of each kernel), each line saying "... during inference: KERNEL".
+JIT_MONITOR_FLAGS = ("--jit-monitor-verbose",)
+_JIT_EVENT = "during inference: "
+
+
+def jit_events_since(log: Path, offset: int) -> tuple[int, int]:
+    """(kernels compiled or autotuned after warm-up that `log` names after byte `offset`, its size now)."""
+    if not log.exists():
+        return 0, offset
+    with open(log, "rb") as f:
+        f.seek(offset)
+        text = f.read()
+    return text.count(_JIT_EVENT.encode()), offset + len(text)
+
+
+def without_jit(measure, log: Path, attempts: int = 3):
+    """`measure()` repeated (at most `attempts` times) until a run compiles no kernel, as the engine writing `log`
+    reports; returns its last result and a record: the runs made, the kernels compiled during them, and whether
+    the last run compiled none (`jit_free`). A kernel compiled inside a
+    timed run costs about a second and says nothing about the steady state; the untimed run of the same batch
+    shape before it compiles most of them, but the scheduler may batch the timed requests differently (another
+    mix of prefill and decode tokens per step, which Triton specialises kernels on)."""
+    offset = log.stat().st_size if log.exists() else 0
+    compiled = runs = 0
+    while True:
+        result = measure()
+        events, offset = jit_events_since(log, offset)
+        compiled, runs = compiled + events, runs + 1
+        if events == 0 or runs == attempts:
+            return result, {"timed_runs": runs, "jit_compiles": compiled, "jit_free": events == 0}
+
+
 def nvidia_smi(query: str, *formats: str) -> str | None:
     """nvidia-smi's CSV answer to `--query-...=` (e.g. "gpu=memory.used"), None without nvidia-smi or on an error."""
     if not shutil.which("nvidia-smi"):

@@ -37,6 +37,7 @@ def test_kernel_times_by_category(tmp_path):
 def test_busy_time_counts_overlapping_kernels_once():
     kernels = [("a", 0.0, 10.0), ("b", 5.0, 10.0), ("c", 30.0, 2.0), ("d", 31.0, 0.5)]
     assert profile_decode.busy_time(kernels) == 17.0  # [0, 15) and [30, 32)
+    assert profile_decode.largest_gaps(kernels) == [{"us": 15.0, "after": "b", "before": "c"}]
 
 
 @pytest.mark.vllm

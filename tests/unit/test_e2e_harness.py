@@ -6,6 +6,7 @@ import pytest
 
 from samoyeds_vllm.bench.e2e import DEFAULT_VARIANTS, VARIANTS, markdown, variant_env
 from samoyeds_vllm.cli import build_parser, main
+from samoyeds_vllm.tools.vllm_server import without_jit
 
 
 def _e2e_action(dest):
@@ -103,6 +104,7 @@ def test_the_comparison_is_against_the_best_dense_variant_at_each_point():
     assert "| 1 | 4.00 | 5.00 | 3.20 (1.25×) | - | dense |" in text  # TPOT: the lower dense, dense / ours
     assert "| KV-cache tokens | 708,000 | 1,010,000 | 1,140,000 (1.13×) | - | dense-fp8 |" in text
     assert "**2of4-fp8 did not run**: torch.OutOfMemoryError: CUDA out of memory" in text
+    assert "still compiled" not in text
     assert "| dense-fp8 | dense, FP8 128x128 blocks | VLLM_DEEP_GEMM_WARMUP=skip | max_num_seqs 1024 |" in text
 
 
@@ -157,3 +159,30 @@ def test_a_timed_out_start_says_so():
     assert _failure_reason("a\nERROR torch.OutOfMemoryError: CUDA out of memory\nb") == (
         "ERROR torch.OutOfMemoryError: CUDA out of memory"
     )
+
+
+JIT_LINE = "WARNING [jit_monitor.py:135] Triton kernel JIT compilation during inference: fused_moe_kernel.\n"
+
+
+@pytest.mark.parametrize("compiles, runs", [([0], 1), ([2, 0], 2), ([1, 1, 1], 3)])
+def test_a_timed_run_that_compiles_a_kernel_is_run_again(tmp_path, compiles, runs):
+    log = tmp_path / "engine.log"
+    log.write_text(JIT_LINE)  # before the timed runs: not theirs
+    calls = iter(compiles)
+
+    def measure():
+        with open(log, "a") as f:
+            f.write("INFO step\n" + JIT_LINE * next(calls))
+        return "result"
+
+    result, jit = without_jit(measure, log)
+    assert result == "result"
+    assert jit == {"timed_runs": runs, "jit_compiles": sum(compiles), "jit_free": compiles[-1] == 0}
+
+
+def test_the_report_names_points_whose_timed_runs_all_compiled():
+    dense = _result("dense, bf16", {1: 235, 16: 1227})
+    dense["throughput"][1].update(timed_runs=3, jit_compiles=3, jit_free=False)
+    results = {"preset": "p", "date": "d", "device": "g", "vllm": "v", "torch": "t", "engine_args": []}
+    text = markdown({**results, "variants": {"dense": dense}})
+    assert "**A kernel was still compiled in every timed run** (so these include it): dense 128/128 batch 16" in text
