@@ -72,6 +72,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("qwen2_moe", "Qwen2MoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
         Architecture("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
         Architecture("olmoe", "OlmoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
+        Architecture("glm4_moe", "Glm4MoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
     ]
 }
 

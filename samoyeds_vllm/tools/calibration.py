@@ -116,16 +116,25 @@ def _load_module(
     module: torch.nn.Module, prefix: str, reader: CheckpointReader, device, dtype, rename: tuple[str, str] = ("", "")
 ) -> None:
     """Fill every parameter of `module` from the checkpoint tensor `prefix.<name>`, where a name starting with
-    rename[0] is read as starting with rename[1] (transformers may call a checkpoint's module differently)."""
+    rename[0] is read as starting with rename[1] (transformers may call a checkpoint's module differently), and
+    every buffer the checkpoint holds (GLM-4.5's and DeepSeek-V3's score-correction biases, which select the
+    experts; in the buffer's own dtype, as transformers keeps them in float32)."""
     from accelerate.utils import set_module_tensor_to_device
 
     names = set(reader.names())
     old, new = rename
+
+    def checkpoint_name(name: str) -> str:
+        return f"{prefix}.{new + name.removeprefix(old) if old and name.startswith(old) else name}"
+
     for name, _ in list(module.named_parameters()):
-        full = f"{prefix}.{new + name.removeprefix(old) if old and name.startswith(old) else name}"
+        full = checkpoint_name(name)
         if full not in names:
             raise CheckpointError(f"the checkpoint has no tensor {full}, which the model needs")
         set_module_tensor_to_device(module, name, device, value=reader.get(full).to(dtype))
+    for name, buffer in list(module.named_buffers()):
+        if (full := checkpoint_name(name)) in names:  # the others are computed (rotary frequencies, ...)
+            set_module_tensor_to_device(module, name, device, value=reader.get(full).to(buffer.dtype))
 
 
 class _StopForward(Exception):

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,27 +30,65 @@ from .tokenizer import build_tokenizer
 TensorSpec = tuple[str, tuple[int, ...]]
 
 
+def _qwen_moe_layer(c: dict, layer: int) -> bool:
+    """Qwen-MoE: `mlp_only_layers` and every `decoder_sparse_step`-th layer otherwise."""
+    return (
+        layer not in c.get("mlp_only_layers", [])
+        and c["num_experts"] > 0
+        and (layer + 1) % c.get("decoder_sparse_step", 1) == 0
+    )
+
+
 @dataclass(frozen=True)
 class _Layout:
     """What differs between the families' checkpoints, beyond what architectures.Architecture records."""
 
     num_experts_key: str  # config key: routed experts per layer
     expert_size_key: str  # config key: routed expert intermediate size
-    attention_bias: str | None = None  # "qkv": q/k/v always have biases; "config": q/k/v/o if attention_bias
+    #: "qkv": q/k/v always have biases; "config": q/k/v/o if attention_bias; "config_qkv": q/k/v if attention_bias
+    attention_bias: str | None = None
     qk_norm: str | None = None  # "per_head": q_norm/k_norm over head_dim; "all_heads": over heads * head_dim
-    shared_expert: bool = False  # mlp.shared_expert.* and mlp.shared_expert_gate
-    dense_layers: bool = False  # mlp_only_layers / decoder_sparse_step may make some layers dense MLPs
+    qk_norm_key: str | None = None  # config key switching qk_norm on (None: always on where qk_norm is set)
+    #: The dense shared expert(s) beside the routed ones: module name inside the MoE block and intermediate size.
+    shared_expert: str | None = None
+    shared_expert_size: Callable[[dict], int] | None = None
+    shared_expert_gate: bool = False  # mlp.shared_expert_gate: a sigmoid gate on the shared expert's output
+    router_bias: bool = False  # gate.e_score_correction_bias: added to the scores to select experts (DeepSeek-V3 style)
+    #: Which layers are MoE layers (None: all); the others are dense MLPs of `intermediate_size`, at the MoE
+    #: block's module path.
+    moe_layer: Callable[[dict, int], bool] | None = None
 
 
 _LAYOUTS = {
     "mixtral": _Layout("num_local_experts", "intermediate_size"),
     "qwen2_moe": _Layout(
-        "num_experts", "moe_intermediate_size", attention_bias="qkv", shared_expert=True, dense_layers=True
+        "num_experts",
+        "moe_intermediate_size",
+        attention_bias="qkv",
+        shared_expert="shared_expert",
+        shared_expert_size=lambda c: c["shared_expert_intermediate_size"],
+        shared_expert_gate=True,
+        moe_layer=_qwen_moe_layer,
     ),
     "qwen3_moe": _Layout(
-        "num_experts", "moe_intermediate_size", attention_bias="config", qk_norm="per_head", dense_layers=True
+        "num_experts",
+        "moe_intermediate_size",
+        attention_bias="config",
+        qk_norm="per_head",
+        moe_layer=_qwen_moe_layer,
     ),
     "olmoe": _Layout("num_experts", "intermediate_size", attention_bias="config", qk_norm="all_heads"),
+    "glm4_moe": _Layout(
+        "n_routed_experts",
+        "moe_intermediate_size",
+        attention_bias="config_qkv",
+        qk_norm="per_head",
+        qk_norm_key="use_qk_norm",
+        shared_expert="shared_experts",
+        shared_expert_size=lambda c: c["moe_intermediate_size"] * c["n_shared_experts"],
+        router_bias=True,
+        moe_layer=lambda c, layer: layer >= c["first_k_dense_replace"],
+    ),
 }
 
 
@@ -77,9 +116,11 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
     biases = {
         "qkv": ["q_proj", "k_proj", "v_proj"],
         "config": ["q_proj", "k_proj", "v_proj", "o_proj"] if c.get("attention_bias") else [],
+        "config_qkv": ["q_proj", "k_proj", "v_proj"] if c.get("attention_bias") else [],
     }
     bias_projs = biases.get(layout.attention_bias, [])
-    qk_norm_sizes = {"per_head": (head_dim, head_dim), "all_heads": (q_size, kv_size)}.get(layout.qk_norm)
+    qk_norm = layout.qk_norm if layout.qk_norm_key is None or c.get(layout.qk_norm_key) else None
+    qk_norm_sizes = {"per_head": (head_dim, head_dim), "all_heads": (q_size, kv_size)}.get(qk_norm)
 
     def mlp(prefix: str, size: int) -> list[TensorSpec]:
         return [
@@ -88,18 +129,10 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
             (f"{prefix}.down_proj.weight", (hidden, size)),
         ]
 
-    def is_moe(layer: int) -> bool:
-        if not layout.dense_layers:
-            return True
-        return (
-            layer not in c.get("mlp_only_layers", [])
-            and num_experts > 0
-            and (layer + 1) % c.get("decoder_sparse_step", 1) == 0
-        )
-
     specs: list[TensorSpec] = [("model.embed_tokens.weight", (c["vocab_size"], hidden))]
     for layer in range(c["num_hidden_layers"]):
         p = f"model.layers.{layer}"
+        block = f"{p}.{arch.moe_block}"
         specs += [(f"{p}.input_layernorm.weight", (hidden,)), (f"{p}.post_attention_layernorm.weight", (hidden,))]
         specs += [(f"{p}.self_attn.{proj}.weight", shape) for proj, shape in attention.items()]
         specs += [(f"{p}.self_attn.{proj}.bias", attention[proj][:1]) for proj in bias_projs]
@@ -108,10 +141,12 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
                 (f"{p}.self_attn.q_norm.weight", (qk_norm_sizes[0],)),
                 (f"{p}.self_attn.k_norm.weight", (qk_norm_sizes[1],)),
             ]
-        if not is_moe(layer):
-            specs += mlp(f"{p}.mlp", c["intermediate_size"])
+        if layout.moe_layer is not None and not layout.moe_layer(c, layer):
+            specs += mlp(block, c["intermediate_size"])
             continue
-        specs.append((f"{p}.{arch.moe_block}.gate.weight", (num_experts, hidden)))
+        specs.append((f"{block}.gate.weight", (num_experts, hidden)))
+        if layout.router_bias:
+            specs.append((f"{block}.gate.e_score_correction_bias", (num_experts,)))
         for expert in range(num_experts):
             specs += [
                 (
@@ -121,8 +156,9 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
                 for proj, role in arch.projections.items()
             ]
         if layout.shared_expert:
-            specs += mlp(f"{p}.mlp.shared_expert", c["shared_expert_intermediate_size"])
-            specs.append((f"{p}.mlp.shared_expert_gate.weight", (1, hidden)))
+            specs += mlp(f"{block}.{layout.shared_expert}", layout.shared_expert_size(c))
+        if layout.shared_expert_gate:
+            specs.append((f"{block}.shared_expert_gate.weight", (1, hidden)))
     specs.append(("model.norm.weight", (hidden,)))
     if not c.get("tie_word_embeddings", False):
         specs.append(("lm_head.weight", (c["vocab_size"], hidden)))

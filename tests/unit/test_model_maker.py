@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from samoyeds_vllm.cli import main
 from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.tools import checkpoint_io
-from samoyeds_vllm.tools.architectures import ARCHITECTURES
+from samoyeds_vllm.tools.architectures import ARCHITECTURES, moe_shape
 from samoyeds_vllm.tools.model_maker import make_model, weight_specs, write_weights
 from samoyeds_vllm.tools.presets import available_presets, load_preset
 from samoyeds_vllm.tools.tokenizer import CHAT_TEMPLATE, IM_END, IM_START, build_tokenizer
@@ -66,8 +66,10 @@ def test_tiny_checkpoint_has_hub_names_and_init(tiny_models, arch):
 
     family = ARCHITECTURES[arch]
     experts = [name for name in tensors if family.expert_weight_re.match(name)]
-    num_experts = config.get("num_local_experts") or config["num_experts"]
-    assert len(experts) == config["num_hidden_layers"] * num_experts * 3
+    routers = {int(name.split(".")[2]) for name in tensors if re.search(r"\.(gate|router)\.weight$", name)}
+    num_experts = moe_shape(config).num_experts
+    assert family.experts_per_layer(tensors) == dict.fromkeys(sorted(routers), num_experts)
+    assert len(experts) == len(routers) * num_experts * 3
     for name in experts:  # every expert weight dimension is a whole number of 128-wide sparse segments
         assert all(dim % 128 == 0 for dim in tensors[name].shape), name
 
@@ -101,6 +103,15 @@ def test_family_specific_tensors(tiny_models):
     assert shapes["olmoe"]["model.layers.0.self_attn.k_norm.weight"] == (64,)  # kv_heads * head_dim
     assert shapes["qwen2_moe"]["model.layers.0.mlp.shared_expert_gate.weight"] == (1, 128)
     assert shapes["mixtral"]["model.layers.0.block_sparse_moe.experts.0.w2.weight"] == (128, 256)
+    # GLM-4.5: a dense first layer, q/k/v biases (not o), per-head q/k norms, shared experts and the routers'
+    # score-correction biases
+    glm = shapes["glm4_moe"]
+    assert glm["model.layers.0.mlp.gate_proj.weight"] == (256, 128)
+    assert not any(name.startswith("model.layers.0.mlp.experts.") for name in glm)
+    assert glm["model.layers.1.mlp.gate.e_score_correction_bias"] == (16,)
+    assert glm["model.layers.2.mlp.shared_experts.down_proj.weight"] == (128, 128)
+    assert glm["model.layers.1.self_attn.k_proj.bias"] == (64,) and "model.layers.1.self_attn.o_proj.bias" not in glm
+    assert glm["model.layers.1.self_attn.q_norm.weight"] == (32,)
     assert all("lm_head.weight" in s for s in shapes.values())
 
 
@@ -112,6 +123,9 @@ def test_tiny_presets_fit_the_sparse_pattern():
     assert load_preset("qwen3_moe", "tiny")["norm_topk_prob"] is True
     assert load_preset("qwen2_moe", "tiny")["norm_topk_prob"] is False
     assert load_preset("olmoe", "tiny")["norm_topk_prob"] is False
+    glm = load_preset("glm4_moe", "tiny")  # every routing step of GLM-4.5 takes effect
+    assert glm["n_group"] > glm["topk_group"] > 1 and glm["routed_scaling_factor"] != 1 and glm["norm_topk_prob"]
+    assert 0 < glm["first_k_dense_replace"] < glm["num_hidden_layers"] and glm["num_nextn_predict_layers"] == 0
 
 
 def test_variant_configs_load_exactly(tmp_path):
@@ -119,6 +133,9 @@ def test_variant_configs_load_exactly(tmp_path):
     variants = {
         "qwen2_moe": dict(load_preset("qwen2_moe", "tiny"), mlp_only_layers=[1], tie_word_embeddings=True),
         "qwen3_moe": dict(load_preset("qwen3_moe", "tiny"), decoder_sparse_step=2, attention_bias=True),
+        "glm4_moe": dict(
+            load_preset("glm4_moe", "tiny"), use_qk_norm=False, attention_bias=False, first_k_dense_replace=2
+        ),
     }
     for arch, config in variants.items():
         model_dir = tmp_path / arch
@@ -131,6 +148,9 @@ def test_variant_configs_load_exactly(tmp_path):
     assert "model.layers.1.mlp.gate_proj.weight" in names and "model.layers.0.mlp.gate.weight" in names
     assert not any(name.startswith("model.layers.1.mlp.experts.") for name in names)
     assert "model.layers.0.self_attn.o_proj.bias" in {name for name, _ in weight_specs(variants["qwen3_moe"])}
+    glm = {name for name, _ in weight_specs(variants["glm4_moe"])}
+    assert not any("q_norm" in name or name.endswith(".bias") for name in glm)
+    assert "model.layers.1.mlp.gate_proj.weight" in glm and "model.layers.2.mlp.gate.weight" in glm
 
 
 def test_same_seed_same_weights(tmp_path, tiny_models):
@@ -274,7 +294,8 @@ def test_real_preset_shapes_match_published_parameter_counts():
             "gpt2",
             "tiny",
             {},
-            "unknown architecture 'gpt2'; supported: deepseek_v2, deepseek_v3, mixtral, olmoe, qwen2_moe, qwen3_moe",
+            "unknown architecture 'gpt2'; supported: deepseek_v2, deepseek_v3, glm4_moe, mixtral, olmoe, qwen2_moe, "
+            "qwen3_moe",
         ),
         (
             "qwen3_moe",
@@ -294,7 +315,7 @@ def test_real_preset_shapes_match_published_parameter_counts():
             "deepseek-v2-lite",
             {},
             "random weights for deepseek_v2 are not supported (supported: mixtral, "
-            "qwen2_moe, qwen3_moe, olmoe); use --config-only",
+            "qwen2_moe, qwen3_moe, olmoe, glm4_moe); use --config-only",
         ),
         ("mixtral", "tiny", {"dtype": "int8"}, "unknown dtype 'int8'; choose one of float32, bfloat16, float16"),
         ("mixtral", "tiny", {"max_shard_bytes": 0}, "max_shard_bytes must be positive"),
