@@ -54,9 +54,11 @@ class _Layout:
     shared_expert_size: Callable[[dict], int] | None = None
     shared_expert_gate: bool = False  # mlp.shared_expert_gate: a sigmoid gate on the shared expert's output
     router_bias: bool = False  # gate.e_score_correction_bias: added to the scores to select experts (DeepSeek-V3 style)
-    #: Which layers are MoE layers (None: all); the others are dense MLPs of `intermediate_size`, at the MoE
-    #: block's module path.
+    #: Which layers are MoE layers (None: all); the others are dense MLPs of `dense_size_key`, at the MoE block's
+    #: module path.
     moe_layer: Callable[[dict, int], bool] | None = None
+    dense_size_key: str = "intermediate_size"
+    router: str = "gate"  # the router's module name inside the MoE block
 
 
 _LAYOUTS = {
@@ -88,6 +90,16 @@ _LAYOUTS = {
         shared_expert_size=lambda c: c["moe_intermediate_size"] * c["n_shared_experts"],
         router_bias=True,
         moe_layer=lambda c, layer: layer >= c["first_k_dense_replace"],
+    ),
+    # Llama-4's q/k norms have no weights; vLLM's Llama-4 has no attention biases, so attention_bias is not used.
+    "llama4_text": _Layout(
+        "num_local_experts",
+        "intermediate_size",
+        shared_expert="shared_expert",
+        shared_expert_size=lambda c: c["intermediate_size"],
+        moe_layer=lambda c, layer: (layer + 1) % c["interleave_moe_layer_step"] == 0,
+        dense_size_key="intermediate_size_mlp",
+        router="router",
     ),
 }
 
@@ -142,19 +154,26 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
                 (f"{p}.self_attn.k_norm.weight", (qk_norm_sizes[1],)),
             ]
         if layout.moe_layer is not None and not layout.moe_layer(c, layer):
-            specs += mlp(block, c["intermediate_size"])
+            specs += mlp(block, c[layout.dense_size_key])
             continue
-        specs.append((f"{block}.gate.weight", (num_experts, hidden)))
+        specs.append((f"{block}.{layout.router}.weight", (num_experts, hidden)))
         if layout.router_bias:
-            specs.append((f"{block}.gate.e_score_correction_bias", (num_experts,)))
-        for expert in range(num_experts):
+            specs.append((f"{block}.{layout.router}.e_score_correction_bias", (num_experts,)))
+        if arch.fused_experts:  # [E, in, out], gate and up side by side
+            gate_up, down = arch.fused_experts
             specs += [
-                (
-                    arch.expert_weight_name(layer, expert, proj),
-                    (hidden, expert_size) if role == DOWN else (expert_size, hidden),
-                )
-                for proj, role in arch.projections.items()
+                (f"{block}.experts.{gate_up}", (num_experts, hidden, 2 * expert_size)),
+                (f"{block}.experts.{down}", (num_experts, expert_size, hidden)),
             ]
+        else:
+            for expert in range(num_experts):
+                specs += [
+                    (
+                        arch.expert_weight_name(layer, expert, proj),
+                        (hidden, expert_size) if role == DOWN else (expert_size, hidden),
+                    )
+                    for proj, role in arch.projections.items()
+                ]
         if layout.shared_expert:
             specs += mlp(f"{block}.{layout.shared_expert}", layout.shared_expert_size(c))
         if layout.shared_expert_gate:
@@ -165,7 +184,14 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
     return specs
 
 
-def _random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+def fan_in(arch, name: str, shape: tuple[int, ...]) -> int:
+    """The inputs of a weight: its last axis, [out, in], except fused experts' [E, in, out]."""
+    return shape[-2] if arch.fused_experts and arch.fused_expert_re.match(name) else shape[-1]
+
+
+def _random_tensor(
+    name: str, shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator, fan_in: int
+) -> torch.Tensor:
     """Norm weights 1 and biases 0, as trained models start; matrices with std 1/sqrt(fan_in), so every layer
     changes the residual stream as much as a trained one (with the usual std 0.02 the embeddings dominate and
     the experts barely affect the output, which would make token comparisons blind to expert bugs).
@@ -176,7 +202,7 @@ def _random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, genera
         return torch.ones(shape, dtype=dtype)
     if name.endswith(".bias"):
         return torch.zeros(shape, dtype=dtype)
-    std = shape[-1] ** -0.5
+    std = fan_in**-0.5
     return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=generator).to(dtype)
 
 
@@ -205,8 +231,9 @@ def write_weights(
     generator = torch.Generator().manual_seed(seed)
     block = block_size(hf_config.get("quantization_config"))
     with tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="random weights") as progress:
+        arch = ARCHITECTURES[hf_config["model_type"]]
         for name, shape in specs:
-            tensor = _random_tensor(name, shape, dtype, generator)
+            tensor = _random_tensor(name, shape, dtype, generator, fan_in(arch, name, shape))
             progress.update(tensor.nbytes)
             if block and _FP8_WEIGHT.match(name):
                 tensor, scale_inv = quantize_blocks(tensor, block)

@@ -11,9 +11,10 @@ from helpers import leftovers, read_checkpoint, write_calibration_text
 from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.format import Pattern, satisfies
 from samoyeds_vllm.tools.architectures import ARCHITECTURES, architecture_of
-from samoyeds_vllm.tools.calibration import Calibration, _Experts, _load_module, _skeleton, prune_layers
+from samoyeds_vllm.tools.calibration import Calibration, _load_module, _skeleton, experts_module, prune_layers
 from samoyeds_vllm.tools.checkpoint_io import CheckpointReader, read_config
 from samoyeds_vllm.tools.convert import REPORT_NAME, convert
+from samoyeds_vllm.tools.fused_experts import PerExpertReader
 from samoyeds_vllm.tools.text_data import DataError, calibration_windows, load_documents
 
 PATTERNS = [Pattern.parse("2:4"), Pattern.parse("samoyeds")]
@@ -87,8 +88,10 @@ def test_experts_module_matches_transformers(tiny_models, arch):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models[arch], dtype=torch.float32)
-    reader = CheckpointReader(tiny_models[arch])
     a = ARCHITECTURES[arch]
+    reader = CheckpointReader(tiny_models[arch])
+    if a.fused_experts:
+        reader = PerExpertReader(reader, a)
     names = {role: p for p, role in a.projections.items()}
     layer, num = next(iter(a.experts_per_layer(reader.names()).items()))  # the first MoE layer
     moe = next(m for m in model.model.layers[layer].modules() if hasattr(m, "experts"))
@@ -99,7 +102,7 @@ def test_experts_module_matches_transformers(tiny_models, arch):
     x = torch.randn(2, 9, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = moe(x)
-        moe.experts = _Experts(gate, up, down)
+        moe.experts = experts_module(a, gate, up, down)
         got = moe(x)
     expected, got = (t[0] if isinstance(t, tuple) else t for t in (expected, got))
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
