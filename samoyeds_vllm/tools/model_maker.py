@@ -1,9 +1,9 @@
 """Make Hugging Face MoE checkpoints with random weights, for tests and benchmarks without hub downloads.
 
 A preset (configs/models/*.json) is a real config.json. The weights are written as the hub has them, one tensor per
-expert and projection, because that is the layout vLLM, transformers and our converter read. Names and shapes come
-from a small per-family table rather than from instantiating transformers models: transformers 5 fuses experts
-internally, and real presets are far too large to instantiate.
+expert and projection (Llama-4: its two fused tensors per layer), because that is the layout vLLM, transformers and
+our converter read. Names and shapes come from a small per-family table rather than from instantiating transformers
+models: transformers 5 fuses experts internally, and real presets are far too large to instantiate.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..errors import SamoyedsError
 from ..format import Pattern, quantization_config
-from .architectures import ARCHITECTURES, DOWN, architecture_of
+from .architectures import ARCHITECTURES, DOWN, Architecture, architecture_of
 from .checkpoint_io import DEFAULT_MAX_SHARD_BYTES, DTYPES, ShardedWriter, check_output_dir, staged_dirs
 from .fp8_blocks import SCALE_SUFFIX, block_size, fp8_block_config, quantize_blocks
 from .presets import load_preset, preset_family
@@ -184,7 +184,7 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
     return specs
 
 
-def fan_in(arch, name: str, shape: tuple[int, ...]) -> int:
+def _fan_in(arch: Architecture, name: str, shape: tuple[int, ...]) -> int:
     """The inputs of a weight: its last axis, [out, in], except fused experts' [E, in, out]."""
     return shape[-2] if arch.fused_experts and arch.fused_expert_re.match(name) else shape[-1]
 
@@ -230,10 +230,10 @@ def write_weights(
     writer = ShardedWriter(model_dir, max_shard_bytes)
     generator = torch.Generator().manual_seed(seed)
     block = block_size(hf_config.get("quantization_config"))
+    arch = ARCHITECTURES[hf_config["model_type"]]
     with tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="random weights") as progress:
-        arch = ARCHITECTURES[hf_config["model_type"]]
         for name, shape in specs:
-            tensor = _random_tensor(name, shape, dtype, generator, fan_in(arch, name, shape))
+            tensor = _random_tensor(name, shape, dtype, generator, _fan_in(arch, name, shape))
             progress.update(tensor.nbytes)
             if block and _FP8_WEIGHT.match(name):
                 tensor, scale_inv = quantize_blocks(tensor, block)
