@@ -6,14 +6,19 @@ import torch
 from hypothesis import strategies as st
 
 from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.tools.architectures import Architecture
 from samoyeds_vllm.tools.checkpoint_io import CheckpointReader
+from samoyeds_vllm.tools.fused_experts import PerExpertReader
 
 PATTERNS = [Pattern.parse("2:4")] + [Pattern.parse("samoyeds", v) for v in (32, 64, 128)]
 
 
-def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a model directory (single file or sharded), by name."""
+def read_checkpoint(model_dir: Path, arch: Architecture | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of a model directory (single file or sharded), by name; with the `arch` of a fused-experts
+    checkpoint (Llama-4), its experts one [out, in] weight per expert and projection, as the converter reads them."""
     reader = CheckpointReader(model_dir)
+    if arch is not None and arch.fused_experts:
+        reader = PerExpertReader(reader, arch)
     return {name: reader.get(name) for name in reader.names()}
 
 

@@ -232,7 +232,9 @@ def _checked_loader(layer: RoutedExperts, pattern: Pattern | None, load, scaled:
                 )
         success = load(param, loaded_weight, weight_name, shard_id, expert_id, return_success=True)
         if success:
-            layer._samoyeds_loaded.add((part, shard_id, expert_id))
+            # A 3-D dense weight holds every local expert from expert_id on (Llama-4's fused checkpoints)
+            count = loaded_weight.shape[0] if pattern is None and loaded_weight.dim() == 3 else 1
+            layer._samoyeds_loaded.update((part, shard_id, expert_id + e) for e in range(count))
         return success if return_success else None
 
     return loader

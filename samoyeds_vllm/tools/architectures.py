@@ -1,7 +1,8 @@
 """What this project knows about each supported MoE model family, in one table.
 
-Checkpoints are in the Hugging Face hub layout (one tensor per expert and projection), which is what vLLM and
-transformers both load. For each family we record how its routed-expert weights are named, so the converter
+Checkpoints are in the Hugging Face hub layout, which is what vLLM and transformers both load: one tensor per
+expert and projection, except Llama-4, whose hub checkpoints hold each layer's experts as two 3-D tensors (its
+vLLM loader takes either). For each family we record how its routed-expert weights are named, so the converter
 knows what to sparsify, and how the router picks experts, so the vLLM method can route on its own.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+import torch
 
 from ..errors import CheckpointError
 
@@ -26,6 +29,13 @@ class Architecture:
     #: the config key named by `renormalize_key` is true (or always when that key is None and `renormalize`).
     renormalize_key: str | None = None
     renormalize: bool = False
+    #: Hub checkpoints that store each MoE layer's experts fused, inputs before outputs: names (inside
+    #: `experts`) of [E, hidden, 2 * inter] gate and up side by side, and of [E, inter, hidden] down (Llama-4).
+    #: The tools read them as the per-expert tensors `projections` names, which sparse checkpoints hold.
+    fused_experts: tuple[str, str] | None = None
+    #: The router's weights scale each expert's input instead of its output (Llama-4, top-1 only in vLLM), so
+    #: transformers' experts module takes the scaled inputs of every expert.
+    weights_on_input: bool = False
 
     @property
     def expert_weight_re(self) -> re.Pattern[str]:
@@ -35,6 +45,41 @@ class Architecture:
             rf"^model\.layers\.(?P<layer>\d+)\.{re.escape(self.moe_block)}\.experts\.(?P<expert>\d+)\."
             rf"(?P<proj>{projs})\.weight$"
         )
+
+    @property
+    def fused_expert_re(self) -> re.Pattern[str] | None:
+        """Matches `model.layers.L.<moe_block>.experts.<fused>` of a fused-experts checkpoint, capturing L and
+        fused (None: experts are stored one tensor per expert)."""
+        if self.fused_experts is None:
+            return None
+        names = "|".join(map(re.escape, self.fused_experts))
+        return re.compile(rf"^model\.layers\.(?P<layer>\d+)\.{re.escape(self.moe_block)}\.experts\.(?P<fused>{names})$")
+
+    def fused_roles(self, fused: str) -> tuple[str, ...]:
+        """The roles a fused tensor holds, in order along its last axis: (GATE, UP) or (DOWN,)."""
+        return (GATE, UP) if fused == self.fused_experts[0] else (DOWN,)
+
+    def split_fused(self, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A fused tensor as per-expert [out, in] weights, by per-expert name."""
+        m = self.fused_expert_re.match(name)
+        layer, roles = int(m["layer"]), self.fused_roles(m["fused"])
+        parts = tensor.transpose(-1, -2).chunk(len(roles), dim=-2)
+        return {
+            self.expert_weight_name(layer, expert, self.projection(role)): part[expert]
+            for expert in range(tensor.shape[0])
+            for role, part in zip(roles, parts, strict=True)
+        }
+
+    def fuse(self, name: str, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The fused tensor `name` from its per-expert [out, in] weights (the inverse of split_fused)."""
+        m = self.fused_expert_re.match(name)
+        layer, roles = int(m["layer"]), self.fused_roles(m["fused"])
+        experts = len(weights) // len(roles)
+        per_role = [
+            torch.stack([weights[self.expert_weight_name(layer, e, self.projection(r))] for e in range(experts)])
+            for r in roles
+        ]
+        return torch.cat(per_role, dim=-2).transpose(-1, -2).contiguous()
 
     def projection(self, role: str) -> str:
         """The checkpoint's projection name for a role (GATE, UP or DOWN)."""
@@ -72,6 +117,15 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("qwen2_moe", "Qwen2MoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
         Architecture("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
         Architecture("olmoe", "OlmoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
+        Architecture("glm4_moe", "Glm4MoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
+        Architecture(
+            "llama4_text",
+            "Llama4ForCausalLM",
+            "feed_forward",
+            _QWEN_PROJ,
+            fused_experts=("gate_up_proj", "down_proj"),
+            weights_on_input=True,
+        ),
     ]
 }
 

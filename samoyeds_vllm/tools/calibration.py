@@ -77,6 +77,16 @@ class _Experts(torch.nn.Module):
             self.hessian = torch.zeros(shape, dtype=torch.float32, device=x.device)
         self.hessian[expert] += x.T @ x
 
+    def _run(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """One expert's MLP on its tokens, recording their inputs as `record` says."""
+        if self.record == "w13":
+            self.tokens[expert] += x.shape[0]
+            self._accumulate(expert, x)
+        h = torch.nn.functional.silu(x @ self.gate[expert].T) * (x @ self.up[expert].T)
+        if self.record == "w2":
+            self._accumulate(expert, h)
+        return h @ self.down[expert].T
+
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         out = torch.zeros_like(hidden_states)
         flat = top_k_index.reshape(-1)
@@ -90,16 +100,30 @@ class _Experts(torch.nn.Module):
             slots = order[start : start + count]
             start += count
             tokens = slots // top_k
-            x = hidden_states[tokens]
-            if self.record == "w13":
-                self.tokens[expert] += count
-                self._accumulate(expert, x)
-            h = torch.nn.functional.silu(x @ self.gate[expert].T) * (x @ self.up[expert].T)
-            if self.record == "w2":
-                self._accumulate(expert, h)
-            y = (h @ self.down[expert].T) * top_k_weights.reshape(-1)[slots, None].to(h.dtype)
+            y = self._run(expert, hidden_states[tokens])
+            y = y * top_k_weights.reshape(-1)[slots, None].to(y.dtype)
             out.index_add_(0, tokens, y.to(out.dtype))
         return out
+
+
+class _InputWeightedExperts(_Experts):
+    """Stands in for Llama-4's experts module (`forward(x)`, x [E * T, H]: each expert's copy of the tokens,
+    scaled by its router weight, so zero where the expert was not chosen). Runs each expert on its chosen
+    tokens only; their recorded inputs are the scaled ones, which is what the expert sees."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = hidden_states.view(self.gate.shape[0], -1, hidden_states.shape[-1])
+        out = torch.zeros_like(x)
+        for expert in range(x.shape[0]):
+            rows = x[expert].any(dim=-1).nonzero().squeeze(-1)
+            if len(rows):
+                out[expert, rows] = self._run(expert, x[expert, rows]).to(out.dtype)
+        return out.view_as(hidden_states)
+
+
+def experts_module(arch: Architecture, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> _Experts:
+    """Our stand-in for the family's transformers experts module, on stacked [E, out, in] weights."""
+    return (_InputWeightedExperts if arch.weights_on_input else _Experts)(gate, up, down)
 
 
 def _skeleton(model_dir: Path, dtype: torch.dtype):
@@ -116,16 +140,25 @@ def _load_module(
     module: torch.nn.Module, prefix: str, reader: CheckpointReader, device, dtype, rename: tuple[str, str] = ("", "")
 ) -> None:
     """Fill every parameter of `module` from the checkpoint tensor `prefix.<name>`, where a name starting with
-    rename[0] is read as starting with rename[1] (transformers may call a checkpoint's module differently)."""
+    rename[0] is read as starting with rename[1] (transformers may call a checkpoint's module differently), and
+    every buffer the checkpoint holds (GLM-4.5's and DeepSeek-V3's score-correction biases, which select the
+    experts; in the buffer's own dtype, as transformers keeps them in float32)."""
     from accelerate.utils import set_module_tensor_to_device
 
     names = set(reader.names())
     old, new = rename
+
+    def checkpoint_name(name: str) -> str:
+        return f"{prefix}.{new + name.removeprefix(old) if old and name.startswith(old) else name}"
+
     for name, _ in list(module.named_parameters()):
-        full = f"{prefix}.{new + name.removeprefix(old) if old and name.startswith(old) else name}"
+        full = checkpoint_name(name)
         if full not in names:
             raise CheckpointError(f"the checkpoint has no tensor {full}, which the model needs")
         set_module_tensor_to_device(module, name, device, value=reader.get(full).to(dtype))
+    for name, buffer in list(module.named_buffers()):
+        if (full := checkpoint_name(name)) in names:  # the others are computed (rotary frequencies, ...)
+            set_module_tensor_to_device(module, name, device, value=reader.get(full).to(buffer.dtype))
 
 
 class _StopForward(Exception):
@@ -282,7 +315,7 @@ def prune_layers(
             if moe is None:
                 raise CheckpointError(f"layer {index} has expert weights, but transformers' layer has no experts")
             gate, up, down = _expert_weights(reader, arch, index, num_experts, device, dtype)
-            experts = _Experts(gate, up, down)
+            experts = experts_module(arch, gate, up, down)
             moe.experts = experts
         rename = (f"{moe_name}.", f"{arch.moe_block}.") if moe_name else ("", "")
         _load_module(layer, f"model.layers.{index}", reader, device, dtype, rename)

@@ -37,6 +37,7 @@ from .checkpoint_io import (
     staged_dirs,
 )
 from .fp8_blocks import Fp8BlockReader, block_size
+from .fused_experts import FusingWriter, PerExpertReader
 from .pruning import CALIBRATED, METHODS
 
 REPORT_NAME = "samoyeds_report.json"
@@ -166,9 +167,9 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader | Fp8BlockReader]:
+def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader | Fp8BlockReader | PerExpertReader]:
     """The input's config (without the quantization_config of an FP8 block-quantized input), architecture and a
-    reader of its dense weights."""
+    reader of its dense weights, one tensor per expert and projection."""
     config = read_config(in_dir)
     quant = config.get("quantization_config")
     block = block_size(quant) if quant else None
@@ -184,10 +185,10 @@ def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader | F
         )
     arch = architecture_of(config)
     reader = CheckpointReader(in_dir)
-    if block is None:
-        return config, arch, reader
-    config = {k: v for k, v in config.items() if k != "quantization_config"}
-    return config, arch, Fp8BlockReader(reader, block, dtype_of(config))
+    if block is not None:
+        config = {k: v for k, v in config.items() if k != "quantization_config"}
+        reader = Fp8BlockReader(reader, block, dtype_of(config))
+    return config, arch, PerExpertReader(reader, arch) if arch.fused_experts else reader
 
 
 def convert(
@@ -245,6 +246,8 @@ def convert(
     report = ConversionReport(pattern, method, values, calibration if windows else None)
     with staged_dirs(*outputs, replace=force) as staged:
         writers = [ShardedWriter(d, max_shard_bytes) for d in staged]
+        if export_dense and isinstance(reader, PerExpertReader):  # the dense export keeps the hub's fused layout
+            writers[1] = FusingWriter(writers[1], reader)
 
         def write_expert(name: str, dense: torch.Tensor, pruned: torch.Tensor) -> None:
             packed = compress(pruned, pattern, name=name)

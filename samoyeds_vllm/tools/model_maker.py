@@ -1,9 +1,9 @@
 """Make Hugging Face MoE checkpoints with random weights, for tests and benchmarks without hub downloads.
 
 A preset (configs/models/*.json) is a real config.json. The weights are written as the hub has them, one tensor per
-expert and projection, because that is the layout vLLM, transformers and our converter read. Names and shapes come
-from a small per-family table rather than from instantiating transformers models: transformers 5 fuses experts
-internally, and real presets are far too large to instantiate.
+expert and projection (Llama-4: its two fused tensors per layer), because that is the layout vLLM, transformers and
+our converter read. Names and shapes come from a small per-family table rather than from instantiating transformers
+models: transformers 5 fuses experts internally, and real presets are far too large to instantiate.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from tqdm import tqdm
 
 from ..errors import SamoyedsError
 from ..format import Pattern, quantization_config
-from .architectures import ARCHITECTURES, DOWN, architecture_of
+from .architectures import ARCHITECTURES, DOWN, Architecture, architecture_of
 from .checkpoint_io import DEFAULT_MAX_SHARD_BYTES, DTYPES, ShardedWriter, check_output_dir, staged_dirs
 from .fp8_blocks import SCALE_SUFFIX, block_size, fp8_block_config, quantize_blocks
 from .presets import load_preset, preset_family
@@ -29,27 +30,77 @@ from .tokenizer import build_tokenizer
 TensorSpec = tuple[str, tuple[int, ...]]
 
 
+def _qwen_moe_layer(c: dict, layer: int) -> bool:
+    """Qwen-MoE: `mlp_only_layers` and every `decoder_sparse_step`-th layer otherwise."""
+    return (
+        layer not in c.get("mlp_only_layers", [])
+        and c["num_experts"] > 0
+        and (layer + 1) % c.get("decoder_sparse_step", 1) == 0
+    )
+
+
 @dataclass(frozen=True)
 class _Layout:
     """What differs between the families' checkpoints, beyond what architectures.Architecture records."""
 
     num_experts_key: str  # config key: routed experts per layer
     expert_size_key: str  # config key: routed expert intermediate size
-    attention_bias: str | None = None  # "qkv": q/k/v always have biases; "config": q/k/v/o if attention_bias
+    #: "qkv": q/k/v always have biases; "config": q/k/v/o if attention_bias; "config_qkv": q/k/v if attention_bias
+    attention_bias: str | None = None
     qk_norm: str | None = None  # "per_head": q_norm/k_norm over head_dim; "all_heads": over heads * head_dim
-    shared_expert: bool = False  # mlp.shared_expert.* and mlp.shared_expert_gate
-    dense_layers: bool = False  # mlp_only_layers / decoder_sparse_step may make some layers dense MLPs
+    qk_norm_key: str | None = None  # config key switching qk_norm on (None: always on where qk_norm is set)
+    #: The dense shared expert(s) beside the routed ones: module name inside the MoE block and intermediate size.
+    shared_expert: str | None = None
+    shared_expert_size: Callable[[dict], int] | None = None
+    shared_expert_gate: bool = False  # mlp.shared_expert_gate: a sigmoid gate on the shared expert's output
+    router_bias: bool = False  # gate.e_score_correction_bias: added to the scores to select experts (DeepSeek-V3 style)
+    #: Which layers are MoE layers (None: all); the others are dense MLPs of `dense_size_key`, at the MoE block's
+    #: module path.
+    moe_layer: Callable[[dict, int], bool] | None = None
+    dense_size_key: str = "intermediate_size"
+    router: str = "gate"  # the router's module name inside the MoE block
 
 
 _LAYOUTS = {
     "mixtral": _Layout("num_local_experts", "intermediate_size"),
     "qwen2_moe": _Layout(
-        "num_experts", "moe_intermediate_size", attention_bias="qkv", shared_expert=True, dense_layers=True
+        "num_experts",
+        "moe_intermediate_size",
+        attention_bias="qkv",
+        shared_expert="shared_expert",
+        shared_expert_size=lambda c: c["shared_expert_intermediate_size"],
+        shared_expert_gate=True,
+        moe_layer=_qwen_moe_layer,
     ),
     "qwen3_moe": _Layout(
-        "num_experts", "moe_intermediate_size", attention_bias="config", qk_norm="per_head", dense_layers=True
+        "num_experts",
+        "moe_intermediate_size",
+        attention_bias="config",
+        qk_norm="per_head",
+        moe_layer=_qwen_moe_layer,
     ),
     "olmoe": _Layout("num_experts", "intermediate_size", attention_bias="config", qk_norm="all_heads"),
+    "glm4_moe": _Layout(
+        "n_routed_experts",
+        "moe_intermediate_size",
+        attention_bias="config_qkv",
+        qk_norm="per_head",
+        qk_norm_key="use_qk_norm",
+        shared_expert="shared_experts",
+        shared_expert_size=lambda c: c["moe_intermediate_size"] * c["n_shared_experts"],
+        router_bias=True,
+        moe_layer=lambda c, layer: layer >= c["first_k_dense_replace"],
+    ),
+    # Llama-4's q/k norms have no weights; vLLM's Llama-4 has no attention biases, so attention_bias is not used.
+    "llama4_text": _Layout(
+        "num_local_experts",
+        "intermediate_size",
+        shared_expert="shared_expert",
+        shared_expert_size=lambda c: c["intermediate_size"],
+        moe_layer=lambda c, layer: (layer + 1) % c["interleave_moe_layer_step"] == 0,
+        dense_size_key="intermediate_size_mlp",
+        router="router",
+    ),
 }
 
 
@@ -77,9 +128,11 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
     biases = {
         "qkv": ["q_proj", "k_proj", "v_proj"],
         "config": ["q_proj", "k_proj", "v_proj", "o_proj"] if c.get("attention_bias") else [],
+        "config_qkv": ["q_proj", "k_proj", "v_proj"] if c.get("attention_bias") else [],
     }
     bias_projs = biases.get(layout.attention_bias, [])
-    qk_norm_sizes = {"per_head": (head_dim, head_dim), "all_heads": (q_size, kv_size)}.get(layout.qk_norm)
+    qk_norm = layout.qk_norm if layout.qk_norm_key is None or c.get(layout.qk_norm_key) else None
+    qk_norm_sizes = {"per_head": (head_dim, head_dim), "all_heads": (q_size, kv_size)}.get(qk_norm)
 
     def mlp(prefix: str, size: int) -> list[TensorSpec]:
         return [
@@ -88,18 +141,10 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
             (f"{prefix}.down_proj.weight", (hidden, size)),
         ]
 
-    def is_moe(layer: int) -> bool:
-        if not layout.dense_layers:
-            return True
-        return (
-            layer not in c.get("mlp_only_layers", [])
-            and num_experts > 0
-            and (layer + 1) % c.get("decoder_sparse_step", 1) == 0
-        )
-
     specs: list[TensorSpec] = [("model.embed_tokens.weight", (c["vocab_size"], hidden))]
     for layer in range(c["num_hidden_layers"]):
         p = f"model.layers.{layer}"
+        block = f"{p}.{arch.moe_block}"
         specs += [(f"{p}.input_layernorm.weight", (hidden,)), (f"{p}.post_attention_layernorm.weight", (hidden,))]
         specs += [(f"{p}.self_attn.{proj}.weight", shape) for proj, shape in attention.items()]
         specs += [(f"{p}.self_attn.{proj}.bias", attention[proj][:1]) for proj in bias_projs]
@@ -108,28 +153,45 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
                 (f"{p}.self_attn.q_norm.weight", (qk_norm_sizes[0],)),
                 (f"{p}.self_attn.k_norm.weight", (qk_norm_sizes[1],)),
             ]
-        if not is_moe(layer):
-            specs += mlp(f"{p}.mlp", c["intermediate_size"])
+        if layout.moe_layer is not None and not layout.moe_layer(c, layer):
+            specs += mlp(block, c[layout.dense_size_key])
             continue
-        specs.append((f"{p}.{arch.moe_block}.gate.weight", (num_experts, hidden)))
-        for expert in range(num_experts):
+        specs.append((f"{block}.{layout.router}.weight", (num_experts, hidden)))
+        if layout.router_bias:
+            specs.append((f"{block}.{layout.router}.e_score_correction_bias", (num_experts,)))
+        if arch.fused_experts:  # [E, in, out], gate and up side by side
+            gate_up, down = arch.fused_experts
             specs += [
-                (
-                    arch.expert_weight_name(layer, expert, proj),
-                    (hidden, expert_size) if role == DOWN else (expert_size, hidden),
-                )
-                for proj, role in arch.projections.items()
+                (f"{block}.experts.{gate_up}", (num_experts, hidden, 2 * expert_size)),
+                (f"{block}.experts.{down}", (num_experts, expert_size, hidden)),
             ]
+        else:
+            for expert in range(num_experts):
+                specs += [
+                    (
+                        arch.expert_weight_name(layer, expert, proj),
+                        (hidden, expert_size) if role == DOWN else (expert_size, hidden),
+                    )
+                    for proj, role in arch.projections.items()
+                ]
         if layout.shared_expert:
-            specs += mlp(f"{p}.mlp.shared_expert", c["shared_expert_intermediate_size"])
-            specs.append((f"{p}.mlp.shared_expert_gate.weight", (1, hidden)))
+            specs += mlp(f"{block}.{layout.shared_expert}", layout.shared_expert_size(c))
+        if layout.shared_expert_gate:
+            specs.append((f"{block}.shared_expert_gate.weight", (1, hidden)))
     specs.append(("model.norm.weight", (hidden,)))
     if not c.get("tie_word_embeddings", False):
         specs.append(("lm_head.weight", (c["vocab_size"], hidden)))
     return specs
 
 
-def _random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+def _fan_in(arch: Architecture, name: str, shape: tuple[int, ...]) -> int:
+    """The inputs of a weight: its last axis, [out, in], except fused experts' [E, in, out]."""
+    return shape[-2] if arch.fused_experts and arch.fused_expert_re.match(name) else shape[-1]
+
+
+def _random_tensor(
+    name: str, shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator, fan_in: int
+) -> torch.Tensor:
     """Norm weights 1 and biases 0, as trained models start; matrices with std 1/sqrt(fan_in), so every layer
     changes the residual stream as much as a trained one (with the usual std 0.02 the embeddings dominate and
     the experts barely affect the output, which would make token comparisons blind to expert bugs).
@@ -140,7 +202,7 @@ def _random_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, genera
         return torch.ones(shape, dtype=dtype)
     if name.endswith(".bias"):
         return torch.zeros(shape, dtype=dtype)
-    std = shape[-1] ** -0.5
+    std = fan_in**-0.5
     return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=generator).to(dtype)
 
 
@@ -168,9 +230,10 @@ def write_weights(
     writer = ShardedWriter(model_dir, max_shard_bytes)
     generator = torch.Generator().manual_seed(seed)
     block = block_size(hf_config.get("quantization_config"))
+    arch = ARCHITECTURES[hf_config["model_type"]]
     with tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="random weights") as progress:
         for name, shape in specs:
-            tensor = _random_tensor(name, shape, dtype, generator)
+            tensor = _random_tensor(name, shape, dtype, generator, _fan_in(arch, name, shape))
             progress.update(tensor.nbytes)
             if block and _FP8_WEIGHT.match(name):
                 tensor, scale_inv = quantize_blocks(tensor, block)

@@ -91,7 +91,10 @@ def check_pair(dense_dir: Path, sparse_dir: Path) -> tuple[dict, dict]:
         raise CheckpointError(f"{sparse_dir} is not a packed samoyeds checkpoint (convert the dense model first)")
     if dense.get("quantization_config"):
         raise CheckpointError(f"{dense_dir} is quantized; the teacher must be the dense model")
-    architecture_of(dense)
+    if architecture_of(dense).fused_experts:
+        raise CheckpointError(
+            f"{dense_dir}: recover does not support checkpoints with fused experts ({dense['model_type']}) yet"
+        )
     differ = sorted(
         k
         for k in set(dense) | set(sparse)

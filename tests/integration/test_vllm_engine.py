@@ -108,6 +108,22 @@ def test_two_four_on_load_with_shared_expert(converted, tiny_models):
     assert tokens == hf_greedy_tokens(pruned, PROMPTS, MAX_TOKENS)
 
 
+@pytest.mark.parametrize("arch", ["glm4_moe", "llama4_text"])
+def test_family_converted_and_on_load_match_transformers(converted, tiny_models, arch):
+    """Families whose routing or checkpoint layout the others do not cover (GLM-4.5: sigmoid grouped top-k with
+    score-correction biases, a routed scaling factor, shared experts and a dense first layer; Llama-4: sigmoid
+    top-1 weighting the experts' input, experts fused in the hub checkpoint and per expert in the sparse one,
+    interleaved dense layers, chunked local attention): the converted checkpoint and sparsify-on-load of the dense
+    one both give transformers' tokens on the pruned export."""
+    sparse, pruned = converted(arch)
+    expected = hf_greedy_tokens(pruned, PROMPTS, MAX_TOKENS)
+    assert expected != hf_greedy_tokens(tiny_models[arch], PROMPTS, MAX_TOKENS)  # the pruned experts matter
+    tokens, _ = run_engine(sparse)
+    assert tokens == expected
+    tokens, _ = run_engine(tiny_models[arch], "--quantization", "samoyeds")
+    assert tokens == expected
+
+
 def rewrite_checkpoint(src: Path, dst: Path, edit) -> Path:
     """Copy a checkpoint, letting `edit(tensors, config)` change its tensors and config."""
     import shutil

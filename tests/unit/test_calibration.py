@@ -11,9 +11,10 @@ from helpers import leftovers, read_checkpoint, write_calibration_text
 from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.format import Pattern, satisfies
 from samoyeds_vllm.tools.architectures import ARCHITECTURES, architecture_of
-from samoyeds_vllm.tools.calibration import Calibration, _Experts, prune_layers
+from samoyeds_vllm.tools.calibration import Calibration, _load_module, _skeleton, experts_module, prune_layers
 from samoyeds_vllm.tools.checkpoint_io import CheckpointReader, read_config
 from samoyeds_vllm.tools.convert import REPORT_NAME, convert
+from samoyeds_vllm.tools.fused_experts import PerExpertReader
 from samoyeds_vllm.tools.text_data import DataError, calibration_windows, load_documents
 
 PATTERNS = [Pattern.parse("2:4"), Pattern.parse("samoyeds")]
@@ -87,22 +88,36 @@ def test_experts_module_matches_transformers(tiny_models, arch):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models[arch], dtype=torch.float32)
-    moe = next(m for m in model.model.layers[0].modules() if hasattr(m, "experts"))
-    reader = CheckpointReader(tiny_models[arch])
     a = ARCHITECTURES[arch]
+    reader = CheckpointReader(tiny_models[arch])
+    if a.fused_experts:
+        reader = PerExpertReader(reader, a)
     names = {role: p for p, role in a.projections.items()}
-    num = a.experts_per_layer(reader.names())[0]
+    layer, num = next(iter(a.experts_per_layer(reader.names()).items()))  # the first MoE layer
+    moe = next(m for m in model.model.layers[layer].modules() if hasattr(m, "experts"))
     gate, up, down = (
-        torch.stack([reader.get(a.expert_weight_name(0, e, names[r])) for e in range(num)]).float()
+        torch.stack([reader.get(a.expert_weight_name(layer, e, names[r])) for e in range(num)]).float()
         for r in ("w1", "w3", "w2")
     )
     x = torch.randn(2, 9, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = moe(x)
-        moe.experts = _Experts(gate, up, down)
+        moe.experts = experts_module(a, gate, up, down)
         got = moe(x)
     expected, got = (t[0] if isinstance(t, tuple) else t for t in (expected, got))
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_router_buffers_come_from_the_checkpoint(tiny_models):
+    """GLM-4.5's score-correction bias is a buffer that selects experts: calibration routes with the checkpoint's
+    (kept in float32 as transformers keeps it), not with the zeros the empty model starts from."""
+    model_dir = tiny_models["glm4_moe"]
+    reader = CheckpointReader(model_dir)
+    gate = _skeleton(model_dir, torch.bfloat16).model.layers[1].mlp.gate
+    _load_module(gate, "model.layers.1.mlp.gate", reader, "cpu", torch.bfloat16)
+    bias = gate.e_score_correction_bias
+    assert bias.dtype == torch.float32 and bias.abs().sum() > 0
+    assert torch.equal(bias, reader.get("model.layers.1.mlp.gate.e_score_correction_bias"))
 
 
 @pytest.mark.parametrize("pattern", PATTERNS, ids=str)

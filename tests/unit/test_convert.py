@@ -32,14 +32,14 @@ def packed_of(tensors: dict, weight_name: str, pattern: Pattern) -> PackedWeight
 @pytest.mark.parametrize("pattern", [SAMOYEDS, TWO_FOUR], ids=str)
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_convert_every_architecture(tiny_models, tmp_path, arch, pattern):
-    dense_dir = tiny_models[arch]
+    dense_dir, family = tiny_models[arch], ARCHITECTURES[arch]
     report = convert(dense_dir, tmp_path / "sparse", pattern, export_dense=tmp_path / "pruned", progress=False)
     dense, sparse, pruned = (
-        read_checkpoint(dense_dir),
+        read_checkpoint(dense_dir, family),
         read_checkpoint(tmp_path / "sparse"),
-        read_checkpoint(tmp_path / "pruned"),
+        read_checkpoint(tmp_path / "pruned", family),
     )
-    expert_re = ARCHITECTURES[arch].expert_weight_re
+    expert_re = family.expert_weight_re
 
     experts = [n for n in dense if expert_re.match(n)]
     assert experts, "the tiny model has routed experts"
@@ -51,6 +51,7 @@ def test_convert_every_architecture(tiny_models, tmp_path, arch, pattern):
         else:  # everything else is copied unchanged into both outputs
             assert torch.equal(sparse[name], tensor) and torch.equal(pruned[name], tensor)
     assert set(pruned) == set(dense)
+    assert set(read_checkpoint(tmp_path / "pruned")) == set(read_checkpoint(dense_dir))  # the hub's layout
 
     config = json.loads((tmp_path / "sparse" / "config.json").read_text())
     quant = config.pop("quantization_config")
@@ -253,6 +254,16 @@ def test_expert_shape_that_does_not_fit(tiny_models, tmp_path):
         PatternError,
         f"{name}: shape .* in_features 96 is not a multiple of the segment size 128",
     )
+
+
+def test_fused_experts_of_a_wrong_shape_are_refused(tiny_models, tmp_path):
+    """Llama-4's fused expert tensors must be [experts, in, out]; anything else is refused before writing."""
+    model = copy_model(tiny_models["llama4_text"], tmp_path / "m")
+    tensors = load_file(model / "model.safetensors")
+    name = "model.layers.1.feed_forward.experts.gate_up_proj"
+    tensors[name] = tensors[name][0]
+    save_file(tensors, model / "model.safetensors")
+    expect_refusal(model, tmp_path / "out", CheckpointError, rf"fused expert tensor {name} has shape \(128, 256\)")
 
 
 def test_existing_output_needs_force(tiny_models, tmp_path):

@@ -18,7 +18,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from samoyeds_vllm.cli import main
 from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.tools import checkpoint_io
-from samoyeds_vllm.tools.architectures import ARCHITECTURES
+from samoyeds_vllm.tools.architectures import ARCHITECTURES, moe_shape
+from samoyeds_vllm.tools.checkpoint_io import CheckpointReader
+from samoyeds_vllm.tools.fused_experts import PerExpertReader
 from samoyeds_vllm.tools.model_maker import make_model, weight_specs, write_weights
 from samoyeds_vllm.tools.presets import available_presets, load_preset
 from samoyeds_vllm.tools.tokenizer import CHAT_TEMPLATE, IM_END, IM_START, build_tokenizer
@@ -65,11 +67,16 @@ def test_tiny_checkpoint_has_hub_names_and_init(tiny_models, arch):
     assert set(tensors) == {name for name, _ in weight_specs(config)}
 
     family = ARCHITECTURES[arch]
-    experts = [name for name in tensors if family.expert_weight_re.match(name)]
-    num_experts = config.get("num_local_experts") or config["num_experts"]
-    assert len(experts) == config["num_hidden_layers"] * num_experts * 3
+    reader = CheckpointReader(model_dir)
+    if family.fused_experts:  # checked as the converter reads them: one [out, in] weight per expert and projection
+        reader = PerExpertReader(reader, family)
+    experts = [name for name in reader.names() if family.expert_weight_re.match(name)]
+    routers = {int(name.split(".")[2]) for name in tensors if re.search(r"\.(gate|router)\.weight$", name)}
+    num_experts = moe_shape(config).num_experts
+    assert family.experts_per_layer(experts) == dict.fromkeys(sorted(routers), num_experts)
+    assert len(experts) == len(routers) * num_experts * 3
     for name in experts:  # every expert weight dimension is a whole number of 128-wide sparse segments
-        assert all(dim % 128 == 0 for dim in tensors[name].shape), name
+        assert all(dim % 128 == 0 for dim in reader.shape(name)), name
 
     for name, tensor in tensors.items():
         assert tensor.dtype == torch.float32
@@ -77,8 +84,9 @@ def test_tiny_checkpoint_has_hub_names_and_init(tiny_models, arch):
             assert torch.all(tensor == 1), name
         elif name.endswith(".bias"):
             assert torch.all(tensor == 0), name
-        elif tensor.numel() >= 1000:
-            assert tensor.std().item() == pytest.approx(tensor.shape[-1] ** -0.5, rel=0.1), name
+        elif tensor.numel() >= 1000:  # std 1/sqrt(inputs): fused experts are [E, in, out]
+            inputs = tensor.shape[-2] if tensor.dim() == 3 else tensor.shape[-1]
+            assert tensor.std().item() == pytest.approx(inputs**-0.5, rel=0.1), name
 
 
 def test_family_specific_tensors(tiny_models):
@@ -101,6 +109,25 @@ def test_family_specific_tensors(tiny_models):
     assert shapes["olmoe"]["model.layers.0.self_attn.k_norm.weight"] == (64,)  # kv_heads * head_dim
     assert shapes["qwen2_moe"]["model.layers.0.mlp.shared_expert_gate.weight"] == (1, 128)
     assert shapes["mixtral"]["model.layers.0.block_sparse_moe.experts.0.w2.weight"] == (128, 256)
+    # GLM-4.5: a dense first layer, q/k/v biases (not o), per-head q/k norms, shared experts and the routers'
+    # score-correction biases
+    glm = shapes["glm4_moe"]
+    assert glm["model.layers.0.mlp.gate_proj.weight"] == (256, 128)
+    assert not any(name.startswith("model.layers.0.mlp.experts.") for name in glm)
+    assert glm["model.layers.1.mlp.gate.e_score_correction_bias"] == (16,)
+    assert glm["model.layers.2.mlp.shared_experts.down_proj.weight"] == (128, 128)
+    assert glm["model.layers.1.self_attn.k_proj.bias"] == (64,) and "model.layers.1.self_attn.o_proj.bias" not in glm
+    assert glm["model.layers.1.self_attn.q_norm.weight"] == (32,)
+    # Llama-4: MoE every second layer (dense MLPs of intermediate_size_mlp between), experts fused as the hub
+    # has them ([E, in, out], gate and up side by side), a router and a shared expert
+    llama4 = shapes["llama4_text"]
+    assert llama4["model.layers.0.feed_forward.gate_proj.weight"] == (256, 128)
+    assert llama4["model.layers.1.feed_forward.experts.gate_up_proj"] == (8, 128, 256)
+    assert llama4["model.layers.3.feed_forward.experts.down_proj"] == (8, 128, 128)
+    assert llama4["model.layers.1.feed_forward.router.weight"] == (8, 128)
+    assert llama4["model.layers.1.feed_forward.shared_expert.up_proj.weight"] == (128, 128)
+    assert not any(".experts.0." in name for name in llama4)  # no per-expert tensors
+    assert not any("self_attn" in name and "norm" in name for name in llama4)  # its q/k norms have no weights
     assert all("lm_head.weight" in s for s in shapes.values())
 
 
@@ -112,6 +139,12 @@ def test_tiny_presets_fit_the_sparse_pattern():
     assert load_preset("qwen3_moe", "tiny")["norm_topk_prob"] is True
     assert load_preset("qwen2_moe", "tiny")["norm_topk_prob"] is False
     assert load_preset("olmoe", "tiny")["norm_topk_prob"] is False
+    glm = load_preset("glm4_moe", "tiny")  # every routing step of GLM-4.5 takes effect
+    assert glm["n_group"] > glm["topk_group"] > 1 and glm["routed_scaling_factor"] != 1 and glm["norm_topk_prob"]
+    assert 0 < glm["first_k_dense_replace"] < glm["num_hidden_layers"] and glm["num_nextn_predict_layers"] == 0
+    llama4 = load_preset("llama4_text", "tiny")  # interleaved MoE layers, a NoPE layer, top-1 as vLLM runs it
+    assert llama4["interleave_moe_layer_step"] == 2 and 0 in llama4["no_rope_layers"]
+    assert llama4["num_experts_per_tok"] == 1 and llama4["use_qk_norm"]
 
 
 def test_variant_configs_load_exactly(tmp_path):
@@ -119,6 +152,10 @@ def test_variant_configs_load_exactly(tmp_path):
     variants = {
         "qwen2_moe": dict(load_preset("qwen2_moe", "tiny"), mlp_only_layers=[1], tie_word_embeddings=True),
         "qwen3_moe": dict(load_preset("qwen3_moe", "tiny"), decoder_sparse_step=2, attention_bias=True),
+        "glm4_moe": dict(
+            load_preset("glm4_moe", "tiny"), use_qk_norm=False, attention_bias=False, first_k_dense_replace=2
+        ),
+        "llama4_text": dict(load_preset("llama4_text", "tiny"), interleave_moe_layer_step=1),
     }
     for arch, config in variants.items():
         model_dir = tmp_path / arch
@@ -131,6 +168,11 @@ def test_variant_configs_load_exactly(tmp_path):
     assert "model.layers.1.mlp.gate_proj.weight" in names and "model.layers.0.mlp.gate.weight" in names
     assert not any(name.startswith("model.layers.1.mlp.experts.") for name in names)
     assert "model.layers.0.self_attn.o_proj.bias" in {name for name, _ in weight_specs(variants["qwen3_moe"])}
+    glm = {name for name, _ in weight_specs(variants["glm4_moe"])}
+    assert not any("q_norm" in name or name.endswith(".bias") for name in glm)
+    assert "model.layers.1.mlp.gate_proj.weight" in glm and "model.layers.2.mlp.gate.weight" in glm
+    llama4 = {name for name, _ in weight_specs(variants["llama4_text"])}
+    assert all(f"model.layers.{layer}.feed_forward.experts.gate_up_proj" in llama4 for layer in range(4))
 
 
 def test_same_seed_same_weights(tmp_path, tiny_models):
@@ -274,7 +316,8 @@ def test_real_preset_shapes_match_published_parameter_counts():
             "gpt2",
             "tiny",
             {},
-            "unknown architecture 'gpt2'; supported: deepseek_v2, deepseek_v3, mixtral, olmoe, qwen2_moe, qwen3_moe",
+            "unknown architecture 'gpt2'; supported: deepseek_v2, deepseek_v3, glm4_moe, llama4_text, mixtral, "
+            "olmoe, qwen2_moe, qwen3_moe",
         ),
         (
             "qwen3_moe",
@@ -294,7 +337,7 @@ def test_real_preset_shapes_match_published_parameter_counts():
             "deepseek-v2-lite",
             {},
             "random weights for deepseek_v2 are not supported (supported: mixtral, "
-            "qwen2_moe, qwen3_moe, olmoe); use --config-only",
+            "qwen2_moe, qwen3_moe, olmoe, glm4_moe, llama4_text); use --config-only",
         ),
         ("mixtral", "tiny", {"dtype": "int8"}, "unknown dtype 'int8'; choose one of float32, bfloat16, float16"),
         ("mixtral", "tiny", {"max_shard_bytes": 0}, "max_shard_bytes must be positive"),

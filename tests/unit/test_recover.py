@@ -114,4 +114,6 @@ def test_mismatched_pairs_are_refused(pair, tiny_models, tmp_path):
         recover(tiny_models["mixtral"], sparse, tmp_path / "o", _settings(text))
     with pytest.raises(CheckpointError, match="the teacher must be the dense model"):
         recover(sparse, sparse, tmp_path / "o", _settings(text))
+    with pytest.raises(CheckpointError, match=r"recover does not support checkpoints with fused experts \(llama4"):
+        recover(tiny_models["llama4_text"], sparse, tmp_path / "o", _settings(text))
     assert not (tmp_path / "o").exists()
