@@ -72,8 +72,15 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("qwen2_moe", "Qwen2MoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
         Architecture("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
         Architecture("olmoe", "OlmoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
+        # Leading dense layers and shared experts (`mlp.shared_experts`) are not routed experts: they stay dense.
+        Architecture("deepseek_v2", "DeepseekV2ForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
+        Architecture("deepseek_v3", "DeepseekV3ForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
     ]
 }
+
+#: model_types whose checkpoints are another family's: Kimi-K2's config.json says "kimi_k2" with the
+#: DeepseekV3ForCausalLM architecture and tensors (vLLM reads it as DeepSeek-V3; transformers has no kimi_k2).
+ALIASES = {"kimi_k2": "deepseek_v3"}
 
 
 @dataclass(frozen=True)
@@ -103,9 +110,10 @@ class UnsupportedArchitectureError(CheckpointError):
 def architecture_of(hf_config: dict) -> Architecture:
     """The Architecture of a config.json dict, or a clear error listing what is supported."""
     model_type = hf_config.get("model_type")
+    model_type = ALIASES.get(model_type, model_type)
     if model_type not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"model_type {model_type!r} is not a supported MoE architecture; supported: "
-            f"{', '.join(sorted(ARCHITECTURES))}"
+            f"{', '.join(sorted([*ARCHITECTURES, *ALIASES]))}"
         )
     return ARCHITECTURES[model_type]

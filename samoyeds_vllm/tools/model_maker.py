@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,22 +35,63 @@ class _Layout:
 
     num_experts_key: str  # config key: routed experts per layer
     expert_size_key: str  # config key: routed expert intermediate size
+    attention: str = "mha"  # "mha": q/k/v/o_proj; "mla": DeepSeek's multi-head latent attention
     attention_bias: str | None = None  # "qkv": q/k/v always have biases; "config": q/k/v/o if attention_bias
     qk_norm: str | None = None  # "per_head": q_norm/k_norm over head_dim; "all_heads": over heads * head_dim
-    shared_expert: bool = False  # mlp.shared_expert.* and mlp.shared_expert_gate
-    dense_layers: bool = False  # mlp_only_layers / decoder_sparse_step may make some layers dense MLPs
+    #: "qwen2": mlp.shared_expert.* (shared_expert_intermediate_size) and mlp.shared_expert_gate;
+    #: "deepseek": mlp.shared_experts.*, n_shared_experts experts wide, without a gate
+    shared_expert: str | None = None
+    #: The config keys that make some layers dense MLPs: "qwen": mlp_only_layers / decoder_sparse_step;
+    #: "deepseek": the first first_k_dense_replace layers, then all but every moe_layer_freq-th
+    dense_layers: str | None = None
+    router_bias: bool = False  # gate.e_score_correction_bias: DeepSeek-V3's per-expert score correction
 
 
+_DEEPSEEK = _Layout(
+    "n_routed_experts", "moe_intermediate_size", attention="mla", shared_expert="deepseek", dense_layers="deepseek"
+)
 _LAYOUTS = {
     "mixtral": _Layout("num_local_experts", "intermediate_size"),
     "qwen2_moe": _Layout(
-        "num_experts", "moe_intermediate_size", attention_bias="qkv", shared_expert=True, dense_layers=True
+        "num_experts", "moe_intermediate_size", attention_bias="qkv", shared_expert="qwen2", dense_layers="qwen"
     ),
     "qwen3_moe": _Layout(
-        "num_experts", "moe_intermediate_size", attention_bias="config", qk_norm="per_head", dense_layers=True
+        "num_experts", "moe_intermediate_size", attention_bias="config", qk_norm="per_head", dense_layers="qwen"
     ),
     "olmoe": _Layout("num_experts", "intermediate_size", attention_bias="config", qk_norm="all_heads"),
+    "deepseek_v2": _DEEPSEEK,
+    "deepseek_v3": replace(_DEEPSEEK, router_bias=True),
 }
+
+
+def _attention_shapes(layout: _Layout, c: dict) -> dict[str, tuple[int, ...]]:
+    """The attention's weights, norms included (module name inside self_attn -> shape of its `weight`)."""
+    hidden, heads = c["hidden_size"], c["num_attention_heads"]
+    if layout.attention == "mha":
+        kv_heads = c.get("num_key_value_heads") or heads
+        head_dim = c.get("head_dim") or hidden // heads
+        q_size, kv_size = heads * head_dim, kv_heads * head_dim
+        shapes = {"q_proj": (q_size, hidden), "k_proj": (kv_size, hidden), "v_proj": (kv_size, hidden)}
+        shapes["o_proj"] = (hidden, q_size)
+        if norms := {"per_head": (head_dim, head_dim), "all_heads": (q_size, kv_size)}.get(layout.qk_norm):
+            shapes |= {"q_norm": norms[:1], "k_norm": norms[1:]}
+        return shapes
+    # MLA: queries straight from the hidden state (q_lora_rank null, DeepSeek-V2-Lite) or through a low-rank
+    # bottleneck; keys and values through the kv_lora_rank latent, plus one rope key shared by all heads.
+    if c.get("attention_bias"):
+        raise SamoyedsError(f"{c['model_type']}: attention_bias is not supported (vLLM's MLA layers have no biases)")
+    nope, rope, v_dim = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    q_lora, kv_lora = c.get("q_lora_rank"), c["kv_lora_rank"]
+    if q_lora is None:
+        query = {"q_proj": (heads * (nope + rope), hidden)}
+    else:
+        query = {"q_a_proj": (q_lora, hidden), "q_a_layernorm": (q_lora,), "q_b_proj": (heads * (nope + rope), q_lora)}
+    return query | {
+        "kv_a_proj_with_mqa": (kv_lora + rope, hidden),
+        "kv_a_layernorm": (kv_lora,),
+        "kv_b_proj": (heads * (nope + v_dim), kv_lora),
+        "o_proj": (hidden, heads * v_dim),
+    }
 
 
 def weight_specs(hf_config: dict) -> list[TensorSpec]:
@@ -62,24 +103,18 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
             "(other families: config only)"
         )
     arch, layout, c = ARCHITECTURES[model_type], _LAYOUTS[model_type], hf_config
-    hidden, heads = c["hidden_size"], c["num_attention_heads"]
-    kv_heads = c.get("num_key_value_heads") or heads
-    head_dim = c.get("head_dim") or hidden // heads
+    if layout.router_bias and c.get("topk_method") != "noaux_tc":
+        # transformers always has the bias, vLLM only with noaux_tc: no checkpoint would load in both
+        raise SamoyedsError(f"{model_type}: topk_method {c.get('topk_method')!r} is not supported, only noaux_tc")
+    hidden = c["hidden_size"]
     num_experts, expert_size = c[layout.num_experts_key], c[layout.expert_size_key]
-    q_size, kv_size = heads * head_dim, kv_heads * head_dim
-    attention = {
-        "q_proj": (q_size, hidden),
-        "k_proj": (kv_size, hidden),
-        "v_proj": (kv_size, hidden),
-        "o_proj": (hidden, q_size),
-    }
+    attention = _attention_shapes(layout, c)
 
     biases = {
         "qkv": ["q_proj", "k_proj", "v_proj"],
         "config": ["q_proj", "k_proj", "v_proj", "o_proj"] if c.get("attention_bias") else [],
     }
     bias_projs = biases.get(layout.attention_bias, [])
-    qk_norm_sizes = {"per_head": (head_dim, head_dim), "all_heads": (q_size, kv_size)}.get(layout.qk_norm)
 
     def mlp(prefix: str, size: int) -> list[TensorSpec]:
         return [
@@ -89,29 +124,28 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
         ]
 
     def is_moe(layer: int) -> bool:
-        if not layout.dense_layers:
-            return True
-        return (
-            layer not in c.get("mlp_only_layers", [])
-            and num_experts > 0
-            and (layer + 1) % c.get("decoder_sparse_step", 1) == 0
-        )
+        if layout.dense_layers == "qwen":
+            return (
+                layer not in c.get("mlp_only_layers", [])
+                and num_experts > 0
+                and (layer + 1) % c.get("decoder_sparse_step", 1) == 0
+            )
+        if layout.dense_layers == "deepseek":  # as vLLM's and DeepSeek's own modeling code decide
+            return layer >= c.get("first_k_dense_replace", 0) and layer % c.get("moe_layer_freq", 1) == 0
+        return True
 
     specs: list[TensorSpec] = [("model.embed_tokens.weight", (c["vocab_size"], hidden))]
     for layer in range(c["num_hidden_layers"]):
         p = f"model.layers.{layer}"
         specs += [(f"{p}.input_layernorm.weight", (hidden,)), (f"{p}.post_attention_layernorm.weight", (hidden,))]
-        specs += [(f"{p}.self_attn.{proj}.weight", shape) for proj, shape in attention.items()]
+        specs += [(f"{p}.self_attn.{module}.weight", shape) for module, shape in attention.items()]
         specs += [(f"{p}.self_attn.{proj}.bias", attention[proj][:1]) for proj in bias_projs]
-        if qk_norm_sizes:
-            specs += [
-                (f"{p}.self_attn.q_norm.weight", (qk_norm_sizes[0],)),
-                (f"{p}.self_attn.k_norm.weight", (qk_norm_sizes[1],)),
-            ]
         if not is_moe(layer):
             specs += mlp(f"{p}.mlp", c["intermediate_size"])
             continue
         specs.append((f"{p}.{arch.moe_block}.gate.weight", (num_experts, hidden)))
+        if layout.router_bias:
+            specs.append((f"{p}.{arch.moe_block}.gate.e_score_correction_bias", (num_experts,)))
         for expert in range(num_experts):
             specs += [
                 (
@@ -120,9 +154,11 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
                 )
                 for proj, role in arch.projections.items()
             ]
-        if layout.shared_expert:
+        if layout.shared_expert == "qwen2":
             specs += mlp(f"{p}.mlp.shared_expert", c["shared_expert_intermediate_size"])
             specs.append((f"{p}.mlp.shared_expert_gate.weight", (1, hidden)))
+        elif layout.shared_expert == "deepseek" and c.get("n_shared_experts"):
+            specs += mlp(f"{p}.mlp.shared_experts", expert_size * c["n_shared_experts"])
     specs.append(("model.norm.weight", (hidden,)))
     if not c.get("tie_word_embeddings", False):
         specs.append(("lm_head.weight", (c["vocab_size"], hidden)))
