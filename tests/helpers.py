@@ -32,10 +32,13 @@ def hf_greedy_tokens(model_dir: Path, prompts: list[str], max_new_tokens: int) -
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # No end-of-text tokens, as vLLM with ignore_eos: min_new_tokens instead would forbid them (a model that
+    # predicts <|im_end|> would continue differently), not just keep generating past them.
+    model.generation_config.eos_token_id = None
     results = []
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
-        out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         results.append(out[0, ids.shape[1] :].tolist())
     return results
 
