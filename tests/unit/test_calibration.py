@@ -87,13 +87,13 @@ def test_experts_module_matches_transformers(tiny_models, arch):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models[arch], dtype=torch.float32)
-    moe = next(m for m in model.model.layers[0].modules() if hasattr(m, "experts"))
     reader = CheckpointReader(tiny_models[arch])
     a = ARCHITECTURES[arch]
+    layer, num = next(iter(a.experts_per_layer(reader.names()).items()))  # DeepSeek's layer 0 is dense
+    moe = next(m for m in model.model.layers[layer].modules() if hasattr(m, "experts"))
     names = {role: p for p, role in a.projections.items()}
-    num = a.experts_per_layer(reader.names())[0]
     gate, up, down = (
-        torch.stack([reader.get(a.expert_weight_name(0, e, names[r])) for e in range(num)]).float()
+        torch.stack([reader.get(a.expert_weight_name(layer, e, names[r])) for e in range(num)]).float()
         for r in ("w1", "w3", "w2")
     )
     x = torch.randn(2, 9, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
