@@ -1,7 +1,7 @@
 """Offline batched generation with vLLM on a samoyeds sparse MoE model.
 
     python examples/offline_generate.py MODEL_DIR [--prompt TEXT ...] [--max-tokens N] [--compile]
-        [--quantization samoyeds] [--hf-overrides JSON] [--json-out FILE]
+        [--quantization samoyeds] [--hf-overrides JSON] [--compilation-config JSON] [--json-out FILE]
 
 MODEL_DIR is a checkpoint from `samoyeds-vllm convert` (vLLM picks the samoyeds method from its config.json), or a
 dense one with `--quantization samoyeds` to sparsify on load. Greedy decoding, so runs are reproducible; the tests
@@ -26,6 +26,9 @@ def main() -> None:
     parser.add_argument("--hf-overrides", type=json.loads, help="JSON, e.g. a quantization_config with a pattern")
     parser.add_argument("--load-format", default="auto", help="'dummy': random weights (config-only models)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument(
+        "--compilation-config", type=json.loads, help='JSON, e.g. {"custom_ops": ["-rotary_embedding"]}'
+    )
     parser.add_argument("--json-out", help="write prompts, token ids and texts here")
     args = parser.parse_args()
 
@@ -42,6 +45,7 @@ def main() -> None:
         max_model_len=1024,
         seed=0,
         tensor_parallel_size=args.tensor_parallel_size,
+        compilation_config=args.compilation_config,
         # vLLM's CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE and wants a low utilisation.
         gpu_memory_utilization=0.9 if torch.cuda.is_available() else 0.3,
     )

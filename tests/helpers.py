@@ -1,5 +1,9 @@
 """Small helpers shared by the test modules."""
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -37,12 +41,48 @@ def hf_greedy_tokens(model_dir: Path, prompts: list[str], max_new_tokens: int) -
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # No end-of-text tokens, as vLLM with ignore_eos: min_new_tokens instead would forbid them (a model that
+    # predicts <|im_end|> would continue differently), not just keep generating past them.
+    model.generation_config.eos_token_id = None
     results = []
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
-        out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         results.append(out[0, ids.shape[1] :].tolist())
     return results
+
+
+MAX_TOKENS = 12
+ENV = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
+
+
+def run_engine(
+    model: Path, *extra: str, expect_ok: bool = True, env: dict | None = None, dtype: str = "float32"
+) -> tuple[list[list[int]] | None, str]:
+    """Greedy tokens of PROMPTS from vLLM (examples/offline_generate.py in its own process), or None, and the
+    run's log."""
+    out = model.parent / f"tokens-{model.name}-{abs(hash((extra, dtype)))}.json"
+    cmd = [
+        sys.executable,
+        str(REPO / "examples" / "offline_generate.py"),
+        str(model),
+        "--dtype",
+        dtype,
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--json-out",
+        str(out),
+        *extra,
+    ]
+    for prompt in PROMPTS:
+        cmd += ["--prompt", prompt]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(ENV, **(env or {})))
+    log = result.stdout + result.stderr
+    if not expect_ok:
+        assert result.returncode != 0, "the engine was expected to refuse this checkpoint"
+        return None, log
+    assert result.returncode == 0, log[-6000:]
+    return [r["token_ids"] for r in json.loads(out.read_text())], log
 
 
 @st.composite

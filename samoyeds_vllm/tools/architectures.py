@@ -126,8 +126,15 @@ ARCHITECTURES: dict[str, Architecture] = {
             fused_experts=("gate_up_proj", "down_proj"),
             weights_on_input=True,
         ),
+        # Leading dense layers and shared experts (`mlp.shared_experts`) are not routed experts: they stay dense.
+        Architecture("deepseek_v2", "DeepseekV2ForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
+        Architecture("deepseek_v3", "DeepseekV3ForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
     ]
 }
+
+#: model_types whose checkpoints are another family's: Kimi-K2's config.json says "kimi_k2" with the
+#: DeepseekV3ForCausalLM architecture and tensors (vLLM reads it as DeepSeek-V3; transformers has no kimi_k2).
+ALIASES = {"kimi_k2": "deepseek_v3"}
 
 
 @dataclass(frozen=True)
@@ -157,9 +164,10 @@ class UnsupportedArchitectureError(CheckpointError):
 def architecture_of(hf_config: dict) -> Architecture:
     """The Architecture of a config.json dict, or a clear error listing what is supported."""
     model_type = hf_config.get("model_type")
+    model_type = ALIASES.get(model_type, model_type)
     if model_type not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"model_type {model_type!r} is not a supported MoE architecture; supported: "
-            f"{', '.join(sorted(ARCHITECTURES))}"
+            f"{', '.join(sorted([*ARCHITECTURES, *ALIASES]))}"
         )
     return ARCHITECTURES[model_type]

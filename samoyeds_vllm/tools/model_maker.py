@@ -13,7 +13,7 @@ import math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -45,11 +45,13 @@ class _Layout:
 
     num_experts_key: str  # config key: routed experts per layer
     expert_size_key: str  # config key: routed expert intermediate size
+    attention: str = "mha"  # "mha": q/k/v/o_proj; "mla": DeepSeek's multi-head latent attention
     #: "qkv": q/k/v always have biases; "config": q/k/v/o if attention_bias; "config_qkv": q/k/v if attention_bias
     attention_bias: str | None = None
     qk_norm: str | None = None  # "per_head": q_norm/k_norm over head_dim; "all_heads": over heads * head_dim
     qk_norm_key: str | None = None  # config key switching qk_norm on (None: always on where qk_norm is set)
-    #: The dense shared expert(s) beside the routed ones: module name inside the MoE block and intermediate size.
+    #: The dense shared expert(s) beside the routed ones: module name inside the MoE block and intermediate size
+    #: (0: none).
     shared_expert: str | None = None
     shared_expert_size: Callable[[dict], int] | None = None
     shared_expert_gate: bool = False  # mlp.shared_expert_gate: a sigmoid gate on the shared expert's output
@@ -61,6 +63,15 @@ class _Layout:
     router: str = "gate"  # the router's module name inside the MoE block
 
 
+_DEEPSEEK = _Layout(
+    "n_routed_experts",
+    "moe_intermediate_size",
+    attention="mla",
+    shared_expert="shared_experts",
+    shared_expert_size=lambda c: c["moe_intermediate_size"] * (c.get("n_shared_experts") or 0),
+    # as vLLM's and DeepSeek's own modeling code decide
+    moe_layer=lambda c, layer: layer >= c.get("first_k_dense_replace", 0) and layer % c.get("moe_layer_freq", 1) == 0,
+)
 _LAYOUTS = {
     "mixtral": _Layout("num_local_experts", "intermediate_size"),
     "qwen2_moe": _Layout(
@@ -101,7 +112,40 @@ _LAYOUTS = {
         dense_size_key="intermediate_size_mlp",
         router="router",
     ),
+    "deepseek_v2": _DEEPSEEK,
+    "deepseek_v3": replace(_DEEPSEEK, router_bias=True),
 }
+
+
+def _attention_shapes(layout: _Layout, c: dict) -> dict[str, tuple[int, ...]]:
+    """The attention's weights, norms included (module name inside self_attn -> shape of its `weight`)."""
+    hidden, heads = c["hidden_size"], c["num_attention_heads"]
+    if layout.attention == "mha":
+        kv_heads = c.get("num_key_value_heads") or heads
+        head_dim = c.get("head_dim") or hidden // heads
+        q_size, kv_size = heads * head_dim, kv_heads * head_dim
+        shapes = {"q_proj": (q_size, hidden), "k_proj": (kv_size, hidden), "v_proj": (kv_size, hidden)}
+        shapes["o_proj"] = (hidden, q_size)
+        qk_norm = layout.qk_norm if layout.qk_norm_key is None or c.get(layout.qk_norm_key) else None
+        if norms := {"per_head": (head_dim, head_dim), "all_heads": (q_size, kv_size)}.get(qk_norm):
+            shapes |= {"q_norm": norms[:1], "k_norm": norms[1:]}
+        return shapes
+    # MLA: queries straight from the hidden state (q_lora_rank null, DeepSeek-V2-Lite) or through a low-rank
+    # bottleneck; keys and values through the kv_lora_rank latent, plus one rope key shared by all heads.
+    if c.get("attention_bias"):
+        raise SamoyedsError(f"{c['model_type']}: attention_bias is not supported (vLLM's MLA layers have no biases)")
+    nope, rope, v_dim = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    q_lora, kv_lora = c.get("q_lora_rank"), c["kv_lora_rank"]
+    if q_lora is None:
+        query = {"q_proj": (heads * (nope + rope), hidden)}
+    else:
+        query = {"q_a_proj": (q_lora, hidden), "q_a_layernorm": (q_lora,), "q_b_proj": (heads * (nope + rope), q_lora)}
+    return query | {
+        "kv_a_proj_with_mqa": (kv_lora + rope, hidden),
+        "kv_a_layernorm": (kv_lora,),
+        "kv_b_proj": (heads * (nope + v_dim), kv_lora),
+        "o_proj": (hidden, heads * v_dim),
+    }
 
 
 def weight_specs(hf_config: dict) -> list[TensorSpec]:
@@ -113,17 +157,12 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
             "(other families: config only)"
         )
     arch, layout, c = ARCHITECTURES[model_type], _LAYOUTS[model_type], hf_config
-    hidden, heads = c["hidden_size"], c["num_attention_heads"]
-    kv_heads = c.get("num_key_value_heads") or heads
-    head_dim = c.get("head_dim") or hidden // heads
+    if layout.router_bias and c.get("topk_method", "noaux_tc") != "noaux_tc":
+        # transformers always has the bias, vLLM only with noaux_tc: no checkpoint would load in both
+        raise SamoyedsError(f"{model_type}: topk_method {c.get('topk_method')!r} is not supported, only noaux_tc")
+    hidden = c["hidden_size"]
     num_experts, expert_size = c[layout.num_experts_key], c[layout.expert_size_key]
-    q_size, kv_size = heads * head_dim, kv_heads * head_dim
-    attention = {
-        "q_proj": (q_size, hidden),
-        "k_proj": (kv_size, hidden),
-        "v_proj": (kv_size, hidden),
-        "o_proj": (hidden, q_size),
-    }
+    attention = _attention_shapes(layout, c)
 
     biases = {
         "qkv": ["q_proj", "k_proj", "v_proj"],
@@ -131,8 +170,6 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
         "config_qkv": ["q_proj", "k_proj", "v_proj"] if c.get("attention_bias") else [],
     }
     bias_projs = biases.get(layout.attention_bias, [])
-    qk_norm = layout.qk_norm if layout.qk_norm_key is None or c.get(layout.qk_norm_key) else None
-    qk_norm_sizes = {"per_head": (head_dim, head_dim), "all_heads": (q_size, kv_size)}.get(qk_norm)
 
     def mlp(prefix: str, size: int) -> list[TensorSpec]:
         return [
@@ -146,13 +183,8 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
         p = f"model.layers.{layer}"
         block = f"{p}.{arch.moe_block}"
         specs += [(f"{p}.input_layernorm.weight", (hidden,)), (f"{p}.post_attention_layernorm.weight", (hidden,))]
-        specs += [(f"{p}.self_attn.{proj}.weight", shape) for proj, shape in attention.items()]
+        specs += [(f"{p}.self_attn.{module}.weight", shape) for module, shape in attention.items()]
         specs += [(f"{p}.self_attn.{proj}.bias", attention[proj][:1]) for proj in bias_projs]
-        if qk_norm_sizes:
-            specs += [
-                (f"{p}.self_attn.q_norm.weight", (qk_norm_sizes[0],)),
-                (f"{p}.self_attn.k_norm.weight", (qk_norm_sizes[1],)),
-            ]
         if layout.moe_layer is not None and not layout.moe_layer(c, layer):
             specs += mlp(block, c[layout.dense_size_key])
             continue
@@ -174,8 +206,8 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
                     )
                     for proj, role in arch.projections.items()
                 ]
-        if layout.shared_expert:
-            specs += mlp(f"{block}.{layout.shared_expert}", layout.shared_expert_size(c))
+        if layout.shared_expert and (shared_size := layout.shared_expert_size(c)):
+            specs += mlp(f"{block}.{layout.shared_expert}", shared_size)
         if layout.shared_expert_gate:
             specs.append((f"{block}.shared_expert_gate.weight", (1, hidden)))
     specs.append(("model.norm.weight", (hidden,)))

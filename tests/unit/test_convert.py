@@ -165,6 +165,28 @@ def test_missing_and_unreadable_input(tmp_path):
     expect_refusal(tmp_path / "badjson", tmp_path / "out", CheckpointError, "not valid JSON")
 
 
+def test_kimi_k2_converts_as_deepseek_v3_and_its_dense_parts_stay(tiny_models, tmp_path):
+    """Kimi-K2 checkpoints say model_type kimi_k2 over DeepSeek-V3's tensors. The leading dense layer, the shared
+    experts and the router's score-correction bias are copied as they are."""
+    kimi = copy_model(tiny_models["deepseek_v3"], tmp_path / "kimi")
+    config = json.loads((kimi / "config.json").read_text())
+    (kimi / "config.json").write_text(json.dumps(dict(config, model_type="kimi_k2")))
+    convert(kimi, tmp_path / "kimi-sparse", TWO_FOUR, progress=False)
+    convert(tiny_models["deepseek_v3"], tmp_path / "v3-sparse", TWO_FOUR, progress=False)
+    sparse, v3, dense = map(read_checkpoint, (tmp_path / "kimi-sparse", tmp_path / "v3-sparse", kimi))
+    assert sparse.keys() == v3.keys() and all(torch.equal(t, v3[name]) for name, t in sparse.items())
+    assert json.loads((tmp_path / "kimi-sparse" / "config.json").read_text())["model_type"] == "kimi_k2"
+
+    kept = [
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.1.mlp.shared_experts.up_proj.weight",
+        "model.layers.2.mlp.gate.e_score_correction_bias",
+    ]
+    assert all(torch.equal(sparse[name], dense[name]) for name in kept)
+    assert "model.layers.2.mlp.experts.0.up_proj.weight_packed" in sparse
+    assert not any(name.startswith("model.layers.0.mlp.experts.") for name in sparse)
+
+
 def test_unsupported_architecture(tiny_models, tmp_path):
     model = copy_model(tiny_models["qwen3_moe"], tmp_path / "m")
     config = json.loads((model / "config.json").read_text())

@@ -130,6 +130,26 @@ def test_family_specific_tensors(tiny_models):
     assert not any("self_attn" in name and "norm" in name for name in llama4)  # its q/k norms have no weights
     assert all("lm_head.weight" in s for s in shapes.values())
 
+    # DeepSeek: MLA (V3's queries through q_lora_rank 64, V2's straight), a leading dense layer, one shared expert
+    # of the routed experts' width, V3's score-correction bias
+    v2, v3 = shapes["deepseek_v2"], shapes["deepseek_v3"]
+    assert v3["model.layers.0.self_attn.q_a_proj.weight"] == (64, 128)
+    assert v3["model.layers.0.self_attn.q_a_layernorm.weight"] == (64,)
+    assert v3["model.layers.0.self_attn.q_b_proj.weight"] == (4 * (32 + 32), 64)
+    assert v2["model.layers.0.self_attn.q_proj.weight"] == (4 * (32 + 32), 128)
+    assert "model.layers.0.self_attn.q_a_proj.weight" not in v2 and "model.layers.0.self_attn.q_proj.weight" not in v3
+    for s in (v2, v3):
+        assert s["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"] == (64 + 32, 128)  # latent + rope key
+        assert s["model.layers.0.self_attn.kv_a_layernorm.weight"] == (64,)
+        assert s["model.layers.0.self_attn.kv_b_proj.weight"] == (4 * (32 + 32), 64)  # nope key + value per head
+        assert s["model.layers.0.self_attn.o_proj.weight"] == (128, 4 * 32)
+        assert s["model.layers.0.mlp.gate_proj.weight"] == (256, 128)
+        assert not any(name.startswith("model.layers.0.mlp.experts.") for name in s)
+        assert s["model.layers.1.mlp.shared_experts.down_proj.weight"] == (128, 128)
+        assert s["model.layers.2.mlp.experts.15.up_proj.weight"] == (128, 128)
+    assert v3["model.layers.1.mlp.gate.e_score_correction_bias"] == (16,)
+    assert not any(name.endswith("e_score_correction_bias") for name in v2)
+
 
 def test_tiny_presets_fit_the_sparse_pattern():
     for arch in FAMILIES:
@@ -145,6 +165,13 @@ def test_tiny_presets_fit_the_sparse_pattern():
     llama4 = load_preset("llama4_text", "tiny")  # interleaved MoE layers, a NoPE layer, top-1 as vLLM runs it
     assert llama4["interleave_moe_layer_step"] == 2 and 0 in llama4["no_rope_layers"]
     assert llama4["num_experts_per_tok"] == 1 and llama4["use_qk_norm"]
+    # DeepSeek-V3's routing at a small size: sigmoid scores with a score-correction bias, top-2 of 4 groups, scaled
+    v3 = load_preset("deepseek_v3", "tiny")
+    assert (v3["scoring_func"], v3["topk_method"], v3["n_group"], v3["topk_group"]) == ("sigmoid", "noaux_tc", 4, 2)
+    assert v3["routed_scaling_factor"] != 1 and v3["norm_topk_prob"] is True
+    v2 = load_preset("deepseek_v2", "tiny")  # softmax, grouped, scaled, not renormalised (transformers never does)
+    assert (v2["scoring_func"], v2["topk_method"], v2["norm_topk_prob"]) == ("softmax", "group_limited_greedy", False)
+    assert v2["q_lora_rank"] is None and v2["routed_scaling_factor"] != 1
 
 
 def test_variant_configs_load_exactly(tmp_path):
@@ -156,6 +183,7 @@ def test_variant_configs_load_exactly(tmp_path):
             load_preset("glm4_moe", "tiny"), use_qk_norm=False, attention_bias=False, first_k_dense_replace=2
         ),
         "llama4_text": dict(load_preset("llama4_text", "tiny"), interleave_moe_layer_step=1),
+        "deepseek_v2": dict(load_preset("deepseek_v2", "tiny"), q_lora_rank=64, first_k_dense_replace=0),
     }
     for arch, config in variants.items():
         model_dir = tmp_path / arch
@@ -173,6 +201,20 @@ def test_variant_configs_load_exactly(tmp_path):
     assert "model.layers.1.mlp.gate_proj.weight" in glm and "model.layers.2.mlp.gate.weight" in glm
     llama4 = {name for name, _ in weight_specs(variants["llama4_text"])}
     assert all(f"model.layers.{layer}.feed_forward.experts.gate_up_proj" in llama4 for layer in range(4))
+    deepseek = {name for name, _ in weight_specs(variants["deepseek_v2"])}
+    assert "model.layers.0.mlp.experts.0.gate_proj.weight" in deepseek  # no dense layer: experts from layer 0
+
+
+@pytest.mark.parametrize(
+    "arch, change, message",
+    [
+        ("deepseek_v3", {"attention_bias": True}, "attention_bias is not supported (vLLM's MLA layers have no biases)"),
+        ("deepseek_v3", {"topk_method": "greedy"}, "topk_method 'greedy' is not supported, only noaux_tc"),
+    ],
+)
+def test_unsupported_variants_are_refused(arch, change, message):
+    with pytest.raises(SamoyedsError, match=re.escape(message)):
+        weight_specs(dict(load_preset(arch, "tiny"), **change))
 
 
 def test_same_seed_same_weights(tmp_path, tiny_models):
@@ -300,6 +342,8 @@ def test_real_preset_shapes_match_published_parameter_counts():
         "qwen3-235b-a22b": 235.09,
         "qwen1.5-moe-a2.7b": 14.32,
         "olmoe-1b-7b": 6.92,
+        "deepseek-v2-lite": 15.71,
+        "deepseek-v3": 671.03,  # without its multi-token-prediction layer (vLLM serves it as a draft model)
     }
     for preset, expected in billions.items():
         specs = weight_specs(load_preset(available_presets()[preset], preset))
@@ -327,17 +371,10 @@ def test_real_preset_shapes_match_published_parameter_counts():
         ),
         ("qwen3_moe", "mixtral-8x7b", {}, "preset 'mixtral-8x7b' is a mixtral model, not qwen3_moe"),
         (
-            "deepseek_v2",
-            "tiny",
+            "deepseek_v3",
+            "deepseek-7b",
             {"config_only": True},
-            "no preset 'tiny' for deepseek_v2; presets for deepseek_v2: deepseek-v2-lite",
-        ),
-        (
-            "deepseek_v2",
-            "deepseek-v2-lite",
-            {},
-            "random weights for deepseek_v2 are not supported (supported: mixtral, "
-            "qwen2_moe, qwen3_moe, olmoe, glm4_moe, llama4_text); use --config-only",
+            "no preset 'deepseek-7b' for deepseek_v3; presets for deepseek_v3: deepseek-v3, kimi-k2, tiny",
         ),
         ("mixtral", "tiny", {"dtype": "int8"}, "unknown dtype 'int8'; choose one of float32, bfloat16, float16"),
         ("mixtral", "tiny", {"max_shard_bytes": 0}, "max_shard_bytes must be positive"),
