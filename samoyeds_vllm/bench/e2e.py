@@ -700,6 +700,11 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _color(variant: str) -> str:
+    """One colour per variant in every plot, whichever variants a run holds."""
+    return f"C{list(VARIANTS).index(variant) % 10}"
+
+
 def plot(results: dict, out: Path) -> None:
     """offline-throughput.png, throughput-vs-concurrency.png, latency-vs-load.png, memory.png (skipped without
     matplotlib)."""
@@ -713,7 +718,8 @@ def plot(results: dict, out: Path) -> None:
         return
     v = results["variants"]
     names = [n for n in VARIANTS if n in v]
-    title = f"{results['preset']}, {results['device']} ({results['date']})"
+    gpu = results["device"].split(",")[0]  # the name; memory and driver would not fit a plot's width
+    title = f"{results['preset']}, {gpu} ({results['date']})"
     mixes = sorted({(r["input_len"], r["output_len"]) for n in names for r in v[n].get("throughput", [])})
     if mixes:
         fig, axes = plt.subplots(1, len(mixes), figsize=(5 * len(mixes), 4), squeeze=False)
@@ -726,13 +732,14 @@ def plot(results: dict, out: Path) -> None:
                         [r["output_tokens_per_s"] for r in rows],
                         marker="o",
                         label=name,
+                        color=_color(name),
                     )
             ax.set_xscale("log", base=2)
             ax.set_xlabel("sequences per batch")
             ax.set_ylabel("output tokens/s")
             ax.set_title(f"offline {mix[0]}/{mix[1]}")
             ax.legend()
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=10)
         fig.tight_layout()
         fig.savefig(out / "offline-throughput.png", dpi=120)
         plt.close(fig)
@@ -744,7 +751,8 @@ def plot(results: dict, out: Path) -> None:
         for variant in names:
             levels = v[variant].get("serving", {}).get("levels", [])
             if levels:
-                ax.plot([lv["concurrency"] for lv in levels], [lv[key] for lv in levels], marker="o", label=variant)
+                x, y = [lv["concurrency"] for lv in levels], [lv[key] for lv in levels]
+                ax.plot(x, y, marker="o", label=variant, color=_color(variant))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(ylabel)
