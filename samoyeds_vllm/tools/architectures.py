@@ -3,7 +3,7 @@
 Checkpoints are in the Hugging Face hub layout, which is what vLLM and transformers both load: one tensor per
 expert and projection, except Llama-4, whose hub checkpoints hold each layer's experts as two 3-D tensors (its
 vLLM loader takes either). For each family we record how its routed-expert weights are named, so the converter
-knows what to sparsify, and how the router picks experts, so the vLLM method can route on its own.
+knows what to sparsify; how the router picks experts is vLLM's (plugin/routing.py reads it off the layer).
 """
 
 from __future__ import annotations
@@ -25,10 +25,6 @@ class Architecture:
     hf_class: str  # config.json "architectures"[0]
     moe_block: str  # module path of the MoE block inside a decoder layer ("mlp", "block_sparse_moe")
     projections: dict[str, str]  # checkpoint projection name -> role (w1 gate, w3 up, w2 down)
-    #: How the router turns logits into expert weights: "softmax" top-k, then renormalised over the top-k if
-    #: the config key named by `renormalize_key` is true (or always when that key is None and `renormalize`).
-    renormalize_key: str | None = None
-    renormalize: bool = False
     #: Hub checkpoints that store each MoE layer's experts fused, inputs before outputs: names (inside
     #: `experts`) of [E, hidden, 2 * inter] gate and up side by side, and of [E, inter, hidden] down (Llama-4).
     #: The tools read them as the per-expert tensors `projections` names, which sparse checkpoints hold.
@@ -100,24 +96,17 @@ class Architecture:
                 experts.setdefault(int(m["layer"]), set()).add(int(m["expert"]))
         return {layer: max(found) + 1 for layer, found in sorted(experts.items())}
 
-    def renormalizes(self, hf_config: dict) -> bool:
-        if self.renormalize_key is None:
-            return self.renormalize
-        return bool(hf_config.get(self.renormalize_key, False))
-
 
 _QWEN_PROJ = {"gate_proj": GATE, "up_proj": UP, "down_proj": DOWN}
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
     for a in [
-        Architecture(
-            "mixtral", "MixtralForCausalLM", "block_sparse_moe", {"w1": GATE, "w3": UP, "w2": DOWN}, renormalize=True
-        ),
-        Architecture("qwen2_moe", "Qwen2MoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
-        Architecture("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
-        Architecture("olmoe", "OlmoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
-        Architecture("glm4_moe", "Glm4MoeForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
+        Architecture("mixtral", "MixtralForCausalLM", "block_sparse_moe", {"w1": GATE, "w3": UP, "w2": DOWN}),
+        Architecture("qwen2_moe", "Qwen2MoeForCausalLM", "mlp", _QWEN_PROJ),
+        Architecture("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", _QWEN_PROJ),
+        Architecture("olmoe", "OlmoeForCausalLM", "mlp", _QWEN_PROJ),
+        Architecture("glm4_moe", "Glm4MoeForCausalLM", "mlp", _QWEN_PROJ),
         Architecture(
             "llama4_text",
             "Llama4ForCausalLM",
@@ -127,8 +116,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             weights_on_input=True,
         ),
         # Leading dense layers and shared experts (`mlp.shared_experts`) are not routed experts: they stay dense.
-        Architecture("deepseek_v2", "DeepseekV2ForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
-        Architecture("deepseek_v3", "DeepseekV3ForCausalLM", "mlp", _QWEN_PROJ, renormalize_key="norm_topk_prob"),
+        Architecture("deepseek_v2", "DeepseekV2ForCausalLM", "mlp", _QWEN_PROJ),
+        Architecture("deepseek_v3", "DeepseekV3ForCausalLM", "mlp", _QWEN_PROJ),
     ]
 }
 
