@@ -63,25 +63,30 @@ def kernel_times(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
     return dict(totals)
 
 
-def busy_time(kernels: list[tuple[str, float, float]]) -> float:
-    """µs during which at least one kernel ran (overlapping kernels of several streams count once)."""
-    busy, end = 0.0, float("-inf")
-    for _, start, dur in sorted(kernels, key=lambda k: k[1]):
-        busy += max(0.0, start + dur - max(start, end))
-        end = max(end, start + dur)
-    return busy
-
-
-def largest_gaps(kernels: list[tuple[str, float, float]], count: int = 5) -> list[dict]:
-    """The `count` longest stretches with no kernel running, each with the kernels on either side: a one-off
-    stall (a kernel compiled on first use) shows as one gap far longer than the rest."""
+def _gaps(kernels: list[tuple[str, float, float]]) -> list[dict]:
+    """Every stretch with no kernel running between the first kernel's start and the last one's end, in time
+    order, with the kernels on either side (kernels of several streams may overlap)."""
     gaps, end, last = [], float("-inf"), None
     for name, start, dur in sorted(kernels, key=lambda k: k[1]):
         if last is not None and start > end:
             gaps.append({"us": start - end, "after": last[:100], "before": name[:100]})
         if start + dur >= end:
             end, last = start + dur, name
-    return sorted(gaps, key=lambda g: -g["us"])[:count]
+    return gaps
+
+
+def busy_time(kernels: list[tuple[str, float, float]]) -> float:
+    """µs during which at least one kernel ran (overlapping kernels of several streams count once)."""
+    if not kernels:
+        return 0.0
+    span = max(start + dur for _, start, dur in kernels) - min(start for _, start, _ in kernels)
+    return span - sum(gap["us"] for gap in _gaps(kernels))
+
+
+def largest_gaps(kernels: list[tuple[str, float, float]], count: int = 5) -> list[dict]:
+    """The `count` longest stretches with no kernel running, each with the kernels on either side: a one-off
+    stall (a kernel compiled on first use) shows as one gap far longer than the rest."""
+    return sorted(_gaps(kernels), key=lambda g: -g["us"])[:count]
 
 
 def by_category(times: dict[str, float]) -> dict[str, float]:

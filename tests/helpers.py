@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from samoyeds_vllm.format import Pattern
 from samoyeds_vllm.tools.architectures import Architecture
 from samoyeds_vllm.tools.checkpoint_io import CheckpointReader
-from samoyeds_vllm.tools.fused_experts import PerExpertReader
+from samoyeds_vllm.tools.fused_experts import per_expert
 
 PATTERNS = [Pattern.parse("2:4")] + [Pattern.parse("samoyeds", v) for v in (32, 64, 128)]
 
@@ -21,8 +21,8 @@ def read_checkpoint(model_dir: Path, arch: Architecture | None = None) -> dict[s
     """Every tensor of a model directory (single file or sharded), by name; with the `arch` of a fused-experts
     checkpoint (Llama-4), its experts one [out, in] weight per expert and projection, as the converter reads them."""
     reader = CheckpointReader(model_dir)
-    if arch is not None and arch.fused_experts:
-        reader = PerExpertReader(reader, arch)
+    if arch is not None:
+        reader = per_expert(reader, arch)
     return {name: reader.get(name) for name in reader.names()}
 
 

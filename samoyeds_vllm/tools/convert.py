@@ -37,7 +37,7 @@ from .checkpoint_io import (
     staged_dirs,
 )
 from .fp8_blocks import Fp8BlockReader, block_size
-from .fused_experts import FusingWriter, PerExpertReader
+from .fused_experts import FusingWriter, PerExpertReader, per_expert
 from .pruning import CALIBRATED, METHODS
 
 REPORT_NAME = "samoyeds_report.json"
@@ -188,7 +188,7 @@ def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader | F
     if block is not None:
         config = {k: v for k, v in config.items() if k != "quantization_config"}
         reader = Fp8BlockReader(reader, block, dtype_of(config))
-    return config, arch, PerExpertReader(reader, arch) if arch.fused_experts else reader
+    return config, arch, per_expert(reader, arch)
 
 
 def convert(

@@ -15,6 +15,12 @@ from ..errors import CheckpointError
 from .architectures import Architecture
 
 
+def per_expert(reader, arch: Architecture):
+    """`reader` as the tools read every checkpoint: one [out, in] weight per expert and projection (a
+    PerExpertReader over a fused-experts checkpoint, the reader itself otherwise)."""
+    return PerExpertReader(reader, arch) if arch.fused_experts else reader
+
+
 class PerExpertReader:
     """A reader's view of a fused-experts checkpoint: each fused tensor is replaced, in place in the name order,
     by the per-expert [out, in] weights it holds; every other tensor passes unchanged. The fused tensor last

@@ -14,7 +14,7 @@ from samoyeds_vllm.tools.architectures import ARCHITECTURES, architecture_of
 from samoyeds_vllm.tools.calibration import Calibration, _load_module, _skeleton, experts_module, prune_layers
 from samoyeds_vllm.tools.checkpoint_io import CheckpointReader, read_config
 from samoyeds_vllm.tools.convert import REPORT_NAME, convert
-from samoyeds_vllm.tools.fused_experts import PerExpertReader
+from samoyeds_vllm.tools.fused_experts import per_expert
 from samoyeds_vllm.tools.text_data import DataError, calibration_windows, load_documents
 
 PATTERNS = [Pattern.parse("2:4"), Pattern.parse("samoyeds")]
@@ -89,9 +89,7 @@ def test_experts_module_matches_transformers(tiny_models, arch):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_models[arch], dtype=torch.float32)
     a = ARCHITECTURES[arch]
-    reader = CheckpointReader(tiny_models[arch])
-    if a.fused_experts:
-        reader = PerExpertReader(reader, a)
+    reader = per_expert(CheckpointReader(tiny_models[arch]), a)
     names = {role: p for p, role in a.projections.items()}
     layer, num = next(iter(a.experts_per_layer(reader.names()).items()))  # the first MoE layer
     moe = next(m for m in model.model.layers[layer].modules() if hasattr(m, "experts"))

@@ -20,7 +20,7 @@ from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.tools import checkpoint_io
 from samoyeds_vllm.tools.architectures import ARCHITECTURES, moe_shape
 from samoyeds_vllm.tools.checkpoint_io import CheckpointReader
-from samoyeds_vllm.tools.fused_experts import PerExpertReader
+from samoyeds_vllm.tools.fused_experts import per_expert
 from samoyeds_vllm.tools.model_maker import make_model, weight_specs, write_weights
 from samoyeds_vllm.tools.presets import available_presets, load_preset
 from samoyeds_vllm.tools.tokenizer import CHAT_TEMPLATE, IM_END, IM_START, build_tokenizer
@@ -67,9 +67,7 @@ def test_tiny_checkpoint_has_hub_names_and_init(tiny_models, arch):
     assert set(tensors) == {name for name, _ in weight_specs(config)}
 
     family = ARCHITECTURES[arch]
-    reader = CheckpointReader(model_dir)
-    if family.fused_experts:  # checked as the converter reads them: one [out, in] weight per expert and projection
-        reader = PerExpertReader(reader, family)
+    reader = per_expert(CheckpointReader(model_dir), family)  # checked as the converter reads them
     experts = [name for name in reader.names() if family.expert_weight_re.match(name)]
     routers = {int(name.split(".")[2]) for name in tensors if re.search(r"\.(gate|router)\.weight$", name)}
     num_experts = moe_shape(config).num_experts
