@@ -44,6 +44,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from tqdm import tqdm
@@ -64,6 +65,7 @@ from ..tools.vllm_server import (
 )
 
 HARNESS = 2  # results measured by an earlier harness (no untimed runs) are not resumed into this one's
+_RERUN_SEEDS = 1000  # serving seeds: 2C timed, 2C + 1 untimed, 2C + 1000 k the k-th rerun, 1e6 + C probes
 PROBE_FACTORS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25)
 BATCH_SIZES = (1, 16, 64, 256, 1024)
 STAGES = ("offline", "serving", "capacity")
@@ -465,8 +467,9 @@ def run_variant(
             mix = (serving["input_len"], serving["output_len"])
             # Untimed: one request per client, so this concurrency's batch shapes are compiled and captured.
             _bench_serve(server, model, mix, c, c, out, f"{model.name}-c{c}-warmup", seed=2 * c + 1)
-            timed = (server, model, mix, c, work.prompts_per_client * c, out, f"{model.name}-c{c}", 2 * c)
-            level, jit = without_jit(lambda timed=timed: _bench_serve(*timed), log)
+            timed = partial(_bench_serve, server, model, mix, c, work.prompts_per_client * c, out, f"{model.name}-c{c}")
+            # a rerun (it compiled a kernel) with seeds of its own: the prompts of the run before are cached
+            level, jit = without_jit(lambda run, timed=timed, c=c: timed(seed=2 * c + _RERUN_SEEDS * run), log)
             serving["levels"].append({**level, **jit})
             serving["levels"].sort(key=lambda lv: lv["concurrency"])
             save()

@@ -146,16 +146,17 @@ def jit_events_since(log: Path, offset: int) -> tuple[int, int]:
 
 
 def without_jit(measure, log: Path, attempts: int = 3):
-    """`measure()` repeated (at most `attempts` times) until a run compiles no kernel, as the engine writing `log`
-    reports; returns its last result and a record: the runs made, the kernels compiled during them, and whether
-    the last run compiled none (`jit_free`). A kernel compiled inside a
+    """`measure(run)` for run = 0, 1, ... (at most `attempts` runs) until a run compiles no kernel, as the engine
+    writing `log` reports; returns its last result and a record: the runs made, the kernels compiled during them,
+    and whether the last run compiled none (`jit_free`). A kernel compiled inside a
     timed run costs about a second and says nothing about the steady state; the untimed run of the same batch
     shape before it compiles most of them, but the scheduler may batch the timed requests differently (another
-    mix of prefill and decode tokens per step, which Triton specialises kernels on)."""
+    mix of prefill and decode tokens per step, which Triton specialises kernels on). A rerun must draw other
+    prompts than the run before it, or it finds them in the prefix cache: `run` tells them apart."""
     offset = log.stat().st_size if log.exists() else 0
     compiled = runs = 0
     while True:
-        result = measure()
+        result = measure(runs)
         events, offset = jit_events_since(log, offset)
         compiled, runs = compiled + events, runs + 1
         if events == 0 or runs == attempts:

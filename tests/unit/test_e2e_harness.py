@@ -169,14 +169,16 @@ def test_a_timed_run_that_compiles_a_kernel_is_run_again(tmp_path, compiles, run
     log = tmp_path / "engine.log"
     log.write_text(JIT_LINE)  # before the timed runs: not theirs
     calls = iter(compiles)
+    seen = []
 
-    def measure():
+    def measure(run):
+        seen.append(run)
         with open(log, "a") as f:
             f.write("INFO step\n" + JIT_LINE * next(calls))
         return "result"
 
     result, jit = without_jit(measure, log)
-    assert result == "result"
+    assert result == "result" and seen == list(range(runs))  # each run knows it is a rerun (to draw new prompts)
     assert jit == {"timed_runs": runs, "jit_compiles": sum(compiles), "jit_free": compiles[-1] == 0}
 
 
