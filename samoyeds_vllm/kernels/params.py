@@ -59,6 +59,8 @@ class MoEParams:
     y: Ptr
     down_splits: int
     out: Ptr
+    counters: Ptr
+    counter_count: int
 
 
 _SCALARS = {Ptr: np.uint64, int: np.int32}
