@@ -153,6 +153,20 @@ def _dtype(args: argparse.Namespace):
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
 
 
+def _bench_routing(args: argparse.Namespace) -> None:
+    import torch
+
+    from .bench.routing import bench_routing, parse_routings, preset_config
+    from .format import Pattern
+
+    tokens = _token_counts(args.tokens)
+    pattern = Pattern.parse(args.pattern, args.segment)
+    routings = parse_routings(args.routing, preset_config(args.shape), args.shape)
+    if not torch.cuda.is_available():
+        raise SamoyedsError("bench routing times vLLM's CUDA routing kernels and ours, and needs an NVIDIA GPU")
+    bench_routing(args.shape, tokens, routings, pattern, _dtype(args), args.json)
+
+
 def _bench_e2e(args: argparse.Namespace) -> None:
     import shlex
 
@@ -330,6 +344,18 @@ def build_parser() -> argparse.ArgumentParser:
         "fp8-triton-fused_experts, fp8-deepgemm, fp8-cutlass, fp8-flashinfer-cutlass, fp8-marlin, w4a16-marlin)",
     )
     p.set_defaults(func=_bench_moe)
+
+    p = bench.add_parser(
+        "routing", help="routing then our experts, DeepSeek-V3's grouped top-k vs softmax top-k, CUDA graphs"
+    )
+    _layer_arguments(p, "deepseek-v3")
+    p.add_argument(
+        "--routing",
+        default="softmax,deepseek-v3",
+        help="routings to time, comma-separated, the first the baseline: softmax (vLLM's fused top-k softmax), "
+        "deepseek-v3 (vLLM's DeepSeek router as the shape's config sets it: grouped top-k, sigmoid, bias)",
+    )
+    p.set_defaults(func=_bench_routing)
 
     p = bench.add_parser(
         "e2e", help="dense vLLM (bf16, FP8) vs samoyeds (bf16, FP8) end to end: throughput, serving, memory (GPU)"
