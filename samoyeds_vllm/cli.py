@@ -143,9 +143,28 @@ def _bench_moe(args: argparse.Namespace) -> None:
     pattern = Pattern.parse(args.pattern, args.segment)
     if not torch.cuda.is_available():
         raise SamoyedsError("bench moe times GPU kernels and needs an NVIDIA GPU")
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     fp8 = args.values == "fp8"
-    bench_moe(args.shape, tokens, pattern, dtype, args.json, with_vllm=not args.no_vllm, peers=peers, fp8=fp8)
+    bench_moe(args.shape, tokens, pattern, _dtype(args), args.json, with_vllm=not args.no_vllm, peers=peers, fp8=fp8)
+
+
+def _dtype(args: argparse.Namespace):
+    import torch
+
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+
+
+def _bench_routing(args: argparse.Namespace) -> None:
+    import torch
+
+    from .bench.routing import bench_routing, parse_routings, preset_config
+    from .format import Pattern
+
+    tokens = _token_counts(args.tokens)
+    pattern = Pattern.parse(args.pattern, args.segment)
+    routings = parse_routings(args.routing, preset_config(args.shape), args.shape)
+    if not torch.cuda.is_available():
+        raise SamoyedsError("bench routing times vLLM's CUDA routing kernels and ours, and needs an NVIDIA GPU")
+    bench_routing(args.shape, tokens, routings, pattern, _dtype(args), args.json)
 
 
 def _bench_e2e(args: argparse.Namespace) -> None:
@@ -310,17 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (GPU)").add_subparsers(dest="bench", required=True)
     p = bench.add_parser("moe", help="our sparse MoE layer vs vLLM's MoE paths, CUDA graphs, same inputs")
-    p.add_argument("--shape", default="qwen3-30b-a3b", help="a preset of configs/models")
-    p.add_argument(
-        "--tokens", nargs="+", default=["1,16,64,256,1024,4096,16384"], help="token counts (1,16,64 or 1 16 64)"
-    )
-    p.add_argument("--pattern", default="samoyeds", choices=["2:4", "samoyeds"])
-    p.add_argument("--segment", type=int, default=None)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    _layer_arguments(p, "qwen3-30b-a3b")
     p.add_argument(
         "--values", choices=["bf16", "fp8"], default="bf16", help="fp8: also ours with FP8 values (same kept weights)"
     )
-    p.add_argument("--json", help="write the results here")
     p.add_argument("--no-vllm", action="store_true", help="time ours only")
     p.add_argument(
         "--peers",
@@ -332,6 +344,18 @@ def build_parser() -> argparse.ArgumentParser:
         "fp8-triton-fused_experts, fp8-deepgemm, fp8-cutlass, fp8-flashinfer-cutlass, fp8-marlin, w4a16-marlin)",
     )
     p.set_defaults(func=_bench_moe)
+
+    p = bench.add_parser(
+        "routing", help="routing then our experts, DeepSeek-V3's grouped top-k vs softmax top-k, CUDA graphs"
+    )
+    _layer_arguments(p, "deepseek-v3")
+    p.add_argument(
+        "--routing",
+        default="softmax,deepseek-v3",
+        help="routings to time, comma-separated, the first the baseline: softmax (vLLM's fused top-k softmax), "
+        "deepseek-v3 (vLLM's DeepSeek router as the shape's config sets it: grouped top-k, sigmoid, bias)",
+    )
+    p.set_defaults(func=_bench_routing)
 
     p = bench.add_parser(
         "e2e", help="dense vLLM (bf16, FP8) vs samoyeds (bf16, FP8) end to end: throughput, serving, memory (GPU)"
@@ -368,6 +392,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="only write the comparison of what OUT holds")
     p.set_defaults(func=_bench_e2e)
     return parser
+
+
+def _layer_arguments(p: argparse.ArgumentParser, shape: str) -> None:
+    """The layer benchmarks' shape, token counts, pattern, dtype and JSON output."""
+    p.add_argument("--shape", default=shape, help="a preset of configs/models")
+    p.add_argument(
+        "--tokens", nargs="+", default=["1,16,64,256,1024,4096,16384"], help="token counts (1,16,64 or 1 16 64)"
+    )
+    p.add_argument("--pattern", default="samoyeds", choices=["2:4", "samoyeds"])
+    p.add_argument("--segment", type=int, default=None)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--json", help="write the results here")
 
 
 def _raise_exit(signum: int, _frame) -> None:
