@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(FUSED_WARPS * 32) moe_decode_fused(const __gri
       const int tile = item / (rb1 * z1), rb = item / z1 % rb1, z = item % z1;
       const int n_rows = p.tile_rows[tile];
       if (n_rows > 0) {
-        moe_gemm_body<T, FP8, SAMOYEDS, V, BN, true, WARPS, 2, false, FUSED_GATE_UP_STAGES>(
+        moe_gemm_body<T, FP8, SAMOYEDS, V, BN, true, WARPS, 2, false>(
             gate_up.x(), gate_up.template values<Value>(), gate_up.meta(), gate_up.rowsel(), gate_up.scale(),
             gate_up.out(), gate_up.partial(), p.tile_expert, p.tile_start, p.tile_rows, p.sorted_slot,
             p.topk_weights, gate_up.R(), gate_up.K(), p.top_k, gate_up.N_out(), p.slots, tile, rb, Split{z, z1},
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(FUSED_WARPS * 32) moe_decode_fused(const __gri
       const int tile = d / (rb2 * z2), rb = d / z2 % rb2, z = d % z2;
       const int n_rows = p.tile_rows[tile];
       if (n_rows > 0) {
-        moe_gemm_body<T, FP8, SAMOYEDS, V, BN, false, WARPS, 1, false, FUSED_DOWN_STAGES>(
+        moe_gemm_body<T, FP8, SAMOYEDS, V, BN, false, WARPS, 1, false>(
             down.x(), down.template values<Value>(), down.meta(), down.rowsel(), down.scale(), down.out(),
             down.partial(), p.tile_expert, p.tile_start, p.tile_rows, p.sorted_slot, p.topk_weights, down.R(),
             down.K(), p.top_k, down.N_out(), p.slots, tile, rb, Split{z, z2}, [&] {

@@ -50,10 +50,8 @@ __device__ __forceinline__ void fp8_fragment(unsigned (&a)[4], const uint4 (&row
 // The block's work: token tile `tile`, row block `row_block`, share k_split of the k tiles. wait_inputs() runs (in
 // every thread) after the first stages' weight copies are issued and before any token row is read: the fused decode
 // kernel waits there for GEMM 1 to finish the tile's activations, so its weights stream in the meantime.
-// PIPE: stages of the cp.async ring (the fused decode kernel's items take deeper rings than STAGES: their first
-// PIPE - 1 stages of weights stream before they wait).
 template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA,
-          int PIPE = STAGES, typename WaitInputs>
+          typename WaitInputs>
 __device__ __forceinline__ void moe_gemm_body(
     const T* __restrict__ x,               // GATE_UP: [tokens, K] activations; else [slots, K] act in sorted order
     const typename ValueOf<T, FP8>::type* __restrict__ values,  // [E, R, K/2]
@@ -95,10 +93,10 @@ __device__ __forceinline__ void moe_gemm_body(
   const int row0 = row_block * (GATE_UP ? BM : A_ROWS);  // first condensed row (within the gate half for GATE_UP)
   const int slab_rows = GATE_UP ? half_rows : BM;          // row distance between the slabs (gate -> up, or stacked)
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];  // PIPE stages + 1 KB to align them
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // STAGES stages + 1 KB to align them
   StageT* stages = aligned_stages<StageT>(smem_raw);
   __shared__ int token_row[BN];            // row of x holding each tile column (-1: padding)
-  __shared__ __align__(16) SelT sel_tiles[PIPE];
+  __shared__ __align__(16) SelT sel_tiles[STAGES];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -178,10 +176,10 @@ __device__ __forceinline__ void moe_gemm_body(
 
   // The first stages' weights go into the first copy group with the first token tile (copy groups complete in
   // order, so waiting for stage s still waits for everything stage s needs).
-  for (int s = 0; s < PIPE - 1; ++s)
+  for (int s = 0; s < STAGES - 1; ++s)
     if (s < k_tiles) load_weights(s, s);
   wait_inputs();
-  for (int s = 0; s < PIPE - 1; ++s) {
+  for (int s = 0; s < STAGES - 1; ++s) {
     if (s < k_tiles) load_tokens(s, s);
     cp_async_commit();
   }
@@ -195,17 +193,17 @@ __device__ __forceinline__ void moe_gemm_body(
   for (int h = 0; h < MT; ++h) sel_rows[h] = h * BM + wrow0 + g;
 
   for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<PIPE - 2>();
+    cp_async_wait<STAGES - 2>();
     if constexpr (WGMMA) fence_proxy_async();
     __syncthreads();
     SelWord sel[MT][2];
-    if constexpr (SAMOYEDS) stage_sel<MT, SEGS, A_ROWS>(sel, sel_tiles[kt % PIPE].byte, sel_rows);
-    if (kt + PIPE - 1 < k_tiles) {
-      load_weights((kt + PIPE - 1) % PIPE, kt + PIPE - 1);
-      load_tokens((kt + PIPE - 1) % PIPE, kt + PIPE - 1);
+    if constexpr (SAMOYEDS) stage_sel<MT, SEGS, A_ROWS>(sel, sel_tiles[kt % STAGES].byte, sel_rows);
+    if (kt + STAGES - 1 < k_tiles) {
+      load_weights((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+      load_tokens((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
     }
     cp_async_commit();
-    const StageT& s = stages[kt % PIPE];
+    const StageT& s = stages[kt % STAGES];
     uint4 a8[MT][2];  // FP8: rows g and g + 8 of each m tile, the 16 bytes of this thread for all 4 k-steps
     if constexpr (FP8) {
 #pragma unroll

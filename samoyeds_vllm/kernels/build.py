@@ -98,9 +98,7 @@ def resident_blocks(
     import cupy
 
     function = kernel(dtype, pattern, arch, fp8, name, shared_bytes)
-    return max(
-        1, cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.kernel.ptr, threads, shared_bytes)
-    )
+    return max(1, cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, threads, shared_bytes))
 
 
 class _StreamHandle:

@@ -27,7 +27,6 @@ from ..format import Pattern
 from .geometry import (
     BK,
     ELEMENTWISE_THREADS,
-    FUSED_STAGES,
     FUSED_WARPS,
     MAX_EXPERTS,
     ROUTE_CHUNK,
@@ -35,7 +34,6 @@ from .geometry import (
     SUM_VEC,
     BlockShape,
     pattern_template_args,
-    stage_bytes,
     template_name,
 )
 
@@ -456,10 +454,7 @@ def _fused_plan(
         kernel=template_name("moe_decode_fused", dtype, fp8, samoyeds, segment, token_tile),
         items=tiles * (gate_up.row_blocks * gate_up.splits + down.row_blocks * down.splits),
         threads=FUSED_BLOCKS[0].threads,
-        shared_bytes=max(
-            FUSED_STAGES[gemm.gate_up] * stage_bytes(token_tile, gemm.block.a_rows, 1 if fp8 else 2) + 1024
-            for gemm in (gate_up, down)
-        ),
+        shared_bytes=max(gate_up.shared_bytes, down.shared_bytes),
         # FusedCounters: the ticket, split-K arrivals per (tile, gate/up row block), ready row blocks per tile,
         # arrivals per (token, down row block)
         counter_count=1 + tiles * gate_up.row_blocks + tiles + shape.tokens * down.row_blocks,
