@@ -2,13 +2,12 @@
 and optionally writes the best of each token count as a tuned table that the kernels then read.
 
     python benchmarks/tune_kernels.py [--shapes qwen3-30b-a3b,...] [--patterns samoyeds,2:4] [--tokens 1,2,4,8,16]
-        [--search splits|blocks|fused|all] [--values bf16|fp8] [--json FILE] [--write-tables DIR]
+        [--search splits|blocks|all] [--json FILE] [--write-tables DIR]
 
 One problem per (shape, pattern, T). Every config is checked against the fp32 reference, then timed in two rounds
 (all configs, then all again), each in the second of two CUDA graphs (bench/timing.py), so neither the order nor
 the first-capture effect favours one. "splits" tries split-K factors (1, 2, 4) for gate/up x (1, 3) for down (never
-more than the k tiles allow); "blocks" tries every compiled block shape of each GEMM at the heuristics' token tile;
-"fused" the same split factors with the fused decode kernel off and on (narrow token tiles only).
+more than the k tiles allow); "blocks" tries every compiled block shape of each GEMM at the heuristics' token tile.
 --write-tables writes, per (shape, pattern), the best config of each token count in the format and file name of
 configs/kernels/README.md; put them under configs/kernels/ (shipped) or point $SAMOYEDS_KERNEL_CONFIG_DIR at DIR.
 """
@@ -22,7 +21,7 @@ import torch
 
 from samoyeds_vllm import kernels
 from samoyeds_vllm.bench.timing import time_cuda_graph
-from samoyeds_vllm.format import FP8, Pattern
+from samoyeds_vllm.format import Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape
 from samoyeds_vllm.kernels.plan import block_shapes, device_of, table_name
 from samoyeds_vllm.tools.moe_problem import make_problem, reference, relative_error, run_sparse
@@ -34,14 +33,10 @@ TOLERANCE = 1e-2
 def candidates(plan: kernels.MoEPlan, k_tiles: tuple[int, int], samoyeds: bool, hopper: bool, search: str):
     """(name, KernelConfig) to time."""
     out = [("default", KernelConfig())]  # the heuristics (no tuned table)
-    fused_options = (None,) if search in ("splits", "blocks") else (False, True)
-    if search in ("splits", "fused", "all"):
-        for fused, z1, z2 in itertools.product(fused_options, (1, 2, 4), (1, 3)):
-            if fused and plan.token_tile >= 64:
-                continue  # the fused kernel runs narrow token tiles only
+    if search in ("splits", "all"):
+        for z1, z2 in itertools.product((1, 2, 4), (1, 3)):
             z1, z2 = min(z1, k_tiles[0]), min(z2, k_tiles[1])
-            name = f"splits {z1},{z2}" + ("" if fused is None else " fused" if fused else " separate")
-            out.append((name, KernelConfig(gate_up=GemmConfig(splits=z1), down=GemmConfig(splits=z2), fused=fused)))
+            out.append((f"splits {z1},{z2}", KernelConfig(gate_up=GemmConfig(splits=z1), down=GemmConfig(splits=z2))))
     if search in ("blocks", "all"):
         for gate_up in (True, False):
             for b in block_shapes(plan.token_tile, gate_up, samoyeds, hopper):
@@ -58,21 +53,19 @@ def main() -> None:
     parser.add_argument("--shapes", default="qwen3-30b-a3b,mixtral-8x7b,qwen1.5-moe-a2.7b,deepseek-v2-lite,olmoe-1b-7b")
     parser.add_argument("--patterns", default="samoyeds,2:4")
     parser.add_argument("--tokens", default="1,2,4,8,16")
-    parser.add_argument("--search", default="splits", choices=["splits", "blocks", "fused", "all"])
-    parser.add_argument("--values", default="bf16", choices=["bf16", "fp8"], help="the packed values' type")
+    parser.add_argument("--search", default="splits", choices=["splits", "blocks", "all"])
     parser.add_argument("--json", help="write every timing here")
     parser.add_argument("--write-tables", metavar="DIR", help="write the best config per token count as tables")
     args = parser.parse_args()
     device = device_of(torch.device("cuda"))
-    fp8 = args.values == "fp8"
     rows, tables = [], {}
     for shape_name, pattern_name, tokens in itertools.product(
         args.shapes.split(","), args.patterns.split(","), map(int, args.tokens.split(","))
     ):
         shape, pattern = preset_shape(shape_name), Pattern.parse(pattern_name)
         layer = LayerShape(tokens, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate)
-        plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device, fp8)
-        problem = make_problem(shape, pattern, tokens, seed=tokens, values=FP8 if fp8 else None)
+        plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device)
+        problem = make_problem(shape, pattern, tokens, seed=tokens)
         ref = reference(problem)
         k_tiles = (shape.hidden // 128, shape.intermediate // 128)
         configs = candidates(plan, k_tiles, pattern.is_samoyeds, device.hopper, args.search)
@@ -90,20 +83,9 @@ def main() -> None:
             + "  ".join(f"{k} {v[0]}/{v[1]}" for k, v in cells.items())
             + f"  best {best}"
         )
-        rows.append(
-            {
-                "shape": shape_name,
-                "pattern": str(pattern),
-                "values": args.values,
-                "tokens": tokens,
-                "us": cells,
-                "best": best,
-            }
-        )
+        rows.append({"shape": shape_name, "pattern": str(pattern), "tokens": tokens, "us": cells, "best": best})
         best_config = dict(configs)[best]  # {} in the table: the heuristics won
-        tables.setdefault(table_name(layer, pattern, torch.bfloat16, device, fp8), {})[str(tokens)] = (
-            best_config.to_json()
-        )
+        tables.setdefault(table_name(layer, pattern, torch.bfloat16, device), {})[str(tokens)] = best_config.to_json()
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device.name, "rows": rows}, indent=2) + "\n")
     if args.write_tables:

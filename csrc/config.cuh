@@ -9,7 +9,6 @@ constexpr int BK = 128;            // dense inputs per pipeline stage (4 sparse 
 constexpr int STAGES = 3;          // pipeline depth of moe_gemm (mma.sp and one-warpgroup wgmma.sp)
 constexpr int SLAB_ROWS = 16;      // condensed weight rows per warp in a slab (one m16 tile)
 constexpr int TILE_ROWS = 64;      // rows of a tile of the stored values and metadata (tiles.cuh, tiled_offset)
-constexpr int FUSED_WARPS = 4;     // warps of the fused decode kernel's blocks (decode_fused.cuh): the decode blocks
 
 // The warp-specialised Hopper kernel (gemm_ws.cuh): pipeline depth by token-tile width, 4 x 52 KB (64 tokens) or
 // 3 x 68 KB (128) of shared memory, one block per SM.

@@ -3,7 +3,6 @@
 #pragma once
 
 #include "ptx.cuh"
-#include "tiles.cuh"
 
 namespace samoyeds {
 
@@ -38,17 +37,15 @@ __device__ __forceinline__ void scale_rows(float (&even)[MT][NT][4], float (&odd
 // Writes one warp's accumulators: acc[h][j][i] is condensed row crow[h] + g + 8 (i / 2) of m tile h (for GATE_UP
 // a row of the gate half, h = 0 gate, 1 up) and tile column 8 j + 2 t + i % 2; samoyeds: even / odd are output rows
 // 2 crow and 2 crow + 1. GATE_UP: act = SiLU(gate) * up by sorted position; else the routing-weighted row by
-// original slot. Under split-K (split.count > 1) the raw fp32 sums of share split.index go to `partial`, and the
-// split epilogues finish.
+// original slot. With split-K (gridDim.z > 1) the raw fp32 sums go to `partial` and the split epilogues finish.
 // slot_at(n): the output row of token column n (-1: padding), weight_at(n, slot): its routing weight (GATE_UP
 // stores no weight).
 template <typename T, bool SAMOYEDS, bool GATE_UP, int MT, int NT, typename SlotAt, typename WeightAt>
 __device__ __forceinline__ void store_tile(const float (&even)[MT][NT][4], const float (&odd)[MT][NT][4],
                                            const int (&crow)[MT], int lane, SlotAt slot_at, WeightAt weight_at,
-                                           T* __restrict__ out, float* __restrict__ partial, int N_out, int slots,
-                                           Split k_split) {
+                                           T* __restrict__ out, float* __restrict__ partial, int N_out, int slots) {
   const int g = lane >> 2, t = lane & 3;
-  const bool split = k_split.count > 1;
+  const bool split = gridDim.z > 1;
   auto out_col = [&](int h, int i) {  // output column of even[h][.][i] (odd: the next one, samoyeds)
     const int row = crow[h] + g + (i >> 1) * 8;
     return (GATE_UP ? h * N_out : 0) + (SAMOYEDS ? 2 * row : row);
@@ -103,7 +100,7 @@ __device__ __forceinline__ void store_tile(const float (&even)[MT][NT][4], const
         const float w = weight_of[jj][i & 1];
         if (split) {  // raw partial sums; the reduction kernels below finish the epilogue
           float* dst =
-              partial + ((size_t)k_split.index * slots + slot) * (GATE_UP ? 2 * (size_t)N_out : (size_t)N_out);
+              partial + ((size_t)blockIdx.z * slots + slot) * (GATE_UP ? 2 * (size_t)N_out : (size_t)N_out);
 #pragma unroll
           for (int h = 0; h < MT; ++h) {
             if (SAMOYEDS) {

@@ -47,11 +47,7 @@ __device__ __forceinline__ void fp8_fragment(unsigned (&a)[4], const uint4 (&row
 // instead of NT mma.sp per warp, with B read by the tensor cores from shared memory (no ldmatrix for B).
 // FP8: the values are e4m3 bytes, half the bytes to stream (what bounds decode), turned into exact T fragments in
 // registers (fp8_fragment) and scaled per output row in the epilogue; the MMAs stay T x T.
-// The block's work: token tile `tile`, row block `row_block`, share k_split of the k tiles. wait_inputs() runs (in
-// every thread) after the first stages' weight copies are issued and before any token row is read: the fused decode
-// kernel waits there for GEMM 1 to finish the tile's activations, so its weights stream in the meantime.
-template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA,
-          typename WaitInputs>
+template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA>
 __device__ __forceinline__ void moe_gemm_body(
     const T* __restrict__ x,               // GATE_UP: [tokens, K] activations; else [slots, K] act in sorted order
     const typename ValueOf<T, FP8>::type* __restrict__ values,  // [E, R, K/2]
@@ -70,8 +66,7 @@ __device__ __forceinline__ void moe_gemm_body(
     int K,                                 // dense inputs
     int top_k,
     int N_out,                             // output features (row stride of out)
-    int slots,                             // slots in the batch (row count of `partial` per split)
-    int tile, int row_block, Split k_split, WaitInputs wait_inputs) {
+    int slots) {                           // slots in the batch (row count of `partial` per split)
   static_assert(!GATE_UP || MT == 2, "GATE_UP pairs one gate tile with one up tile");
   static_assert(BK % V == 0 && V % 32 == 0, "a segment is whole k-steps of one stage");
   static_assert(!WGMMA || (BN == 64 && WARPS % 4 == 0), "wgmma: m64n64 per warpgroup");
@@ -85,12 +80,13 @@ __device__ __forceinline__ void moe_gemm_body(
   using SelWord = typename SelWordOf<SEGS>::type;
   using SelT = SelTile<SAMOYEDS ? SEGS : 1, SAMOYEDS ? A_ROWS : 16>;
 
+  const int tile = blockIdx.y;
   const int n_rows = tile_rows[tile];
   if (n_rows == 0) return;
   const int expert = tile_expert[tile];
   const int first = tile_start[tile];
   const int half_rows = GATE_UP ? R / 2 : R;
-  const int row0 = row_block * (GATE_UP ? BM : A_ROWS);  // first condensed row (within the gate half for GATE_UP)
+  const int row0 = blockIdx.x * (GATE_UP ? BM : A_ROWS);  // first condensed row (within the gate half for GATE_UP)
   const int slab_rows = GATE_UP ? half_rows : BM;          // row distance between the slabs (gate -> up, or stacked)
 
   extern __shared__ __align__(16) unsigned char smem_raw[];  // STAGES stages + 1 KB to align them
@@ -107,7 +103,7 @@ __device__ __forceinline__ void moe_gemm_body(
   __syncthreads();
 
   const size_t expert_rows = (size_t)expert * R;
-  const KRange k_range(K, k_split);  // split-K: this block's share of the k tiles
+  const KRange k_range(K);  // split-K: this block's share of the k tiles
   const int kt_begin = k_range.begin, k_tiles = k_range.count;
 
   // Per-thread copy addresses, fixed for the whole k loop (a stage only adds its k offset). A: a row's 64 values
@@ -139,7 +135,7 @@ __device__ __forceinline__ void moe_gemm_body(
   // each stage: held for the whole loop it made ptxas spill in the decode tiles).
   const int n_seg = K / V;
 
-  auto load_weights = [&](int slot, int kt) {
+  auto load_stage = [&](int slot, int kt) {
     StageT& s = stages[slot];
 #pragma unroll
     for (int h = 0; h < MT; ++h)
@@ -157,9 +153,6 @@ __device__ __forceinline__ void moe_gemm_body(
                                     [&](int h) { return row0 + h * slab_rows; }, sel_dst);
       cp_async16(&sel_tiles[slot].byte[sel_dst], sel_src, 16);
     }
-  };
-  auto load_tokens = [&](int slot, int kt) {
-    StageT& s = stages[slot];
 #pragma unroll
     for (int j = 0; j < B_ITERS; ++j) {
       const int n = b_col + j * B_STEP;
@@ -174,13 +167,8 @@ __device__ __forceinline__ void moe_gemm_body(
   float acc[MT][NT][4] = {};
   float acc_odd[MT][NT][4] = {};   // unused (optimised away) for 2:4
 
-  // The first stages' weights go into the first copy group with the first token tile (copy groups complete in
-  // order, so waiting for stage s still waits for everything stage s needs).
-  for (int s = 0; s < STAGES - 1; ++s)
-    if (s < k_tiles) load_weights(s, s);
-  wait_inputs();
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < k_tiles) load_tokens(s, s);
+    if (s < k_tiles) load_stage(s, s);
     cp_async_commit();
   }
 
@@ -198,10 +186,7 @@ __device__ __forceinline__ void moe_gemm_body(
     __syncthreads();
     SelWord sel[MT][2];
     if constexpr (SAMOYEDS) stage_sel<MT, SEGS, A_ROWS>(sel, sel_tiles[kt % STAGES].byte, sel_rows);
-    if (kt + STAGES - 1 < k_tiles) {
-      load_weights((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
-      load_tokens((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
-    }
+    if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
     cp_async_commit();
     const StageT& s = stages[kt % STAGES];
     uint4 a8[MT][2];  // FP8: rows g and g + 8 of each m tile, the 16 bytes of this thread for all 4 k-steps
@@ -265,7 +250,7 @@ __device__ __forceinline__ void moe_gemm_body(
   store_tile<T, SAMOYEDS, GATE_UP>(
       acc, acc_odd, crow, lane,
       [&](int n) { return n >= n_rows ? -1 : GATE_UP ? first + n : sorted_slot[first + n]; },
-      [&](int, int slot) { return slot < 0 ? 1.0f : slot_weight[slot]; }, out, partial, N_out, slots, k_split);
+      [&](int, int slot) { return slot < 0 ? 1.0f : slot_weight[slot]; }, out, partial, N_out, slots);
 }
 
 
@@ -278,7 +263,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gemm(const __grid_constant__ M
   moe_gemm_body<T, FP8, SAMOYEDS, V, BN, GATE_UP, WARPS, MT, WGMMA>(
       op.x(), op.template values<typename ValueOf<T, FP8>::type>(), op.meta(), op.rowsel(), op.scale(), op.out(),
       op.partial(), p.tile_expert, p.tile_start, p.tile_rows, p.sorted_slot, p.topk_weights, op.R(), op.K(), p.top_k,
-      op.N_out(), p.slots, blockIdx.y, blockIdx.x, Split::of_block(), [] {});
+      op.N_out(), p.slots);
 }
 
 }  // namespace samoyeds

@@ -105,7 +105,7 @@ __device__ __forceinline__ void moe_gemm_ws_body(
   __syncthreads();
 
   const int half_rows = GATE_UP ? R / 2 : R;
-  const KRange k_range(K, Split::of_block());  // split-K: this block's share of the k tiles
+  const KRange k_range(K);  // split-K: this block's share of the k tiles
   const int kt_begin = k_range.begin, k_tiles = k_range.count;
   // Slab q = consumer * MT + h of row block rb: its first condensed row in the expert (GATE_UP: h = 1 is up).
   auto slab_row = [&](int rb, int q) {
@@ -280,7 +280,7 @@ __device__ __forceinline__ void moe_gemm_ws_body(
       for (int h = 0; h < MT; ++h) crow[h] = slab_row(rb, consumer * MT + (GATE_UP ? 0 : h)) + wrow0;
       store_tile<T, SAMOYEDS, GATE_UP>(
           acc, acc_odd, crow, lane, [&](int n) { return info.slot[n]; },
-          [&](int n, int) { return info.weight[n]; }, out, partial, N_out, slots, Split::of_block());
+          [&](int n, int) { return info.weight[n]; }, out, partial, N_out, slots);
       mbar_arrive(&item_empty[item & 1]);
     }
   }

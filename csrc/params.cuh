@@ -48,9 +48,6 @@ struct MoEParams {
   int down_splits;               // split-K factor of GEMM 2 (its gridDim.z)
   // The sum over each token's top-k slots
   void* out;                     // [tokens, hidden]
-  // The fused decode kernel's counters (decode_fused.cuh, FusedCounters), zeroed by build_routing_index
-  int* counters;                 // [counter_count]
-  int counter_count;             // 0 when the forward runs the separate kernels
 };
 
 }  // namespace samoyeds

@@ -126,13 +126,12 @@ __global__ void __launch_bounds__(ROUTE_THREADS) scatter_slots(const __grid_cons
 
 // chunks = 0: counts and scatters the slots itself (decode and small batches: one launch). chunks > 0: sums the
 // chunk counts of count_slots and overwrites them with each chunk's first sorted position per expert, for
-// scatter_slots to run next. Then writes the tile map of both GEMMs, and zeroes the fused decode kernel's counters.
+// scatter_slots to run next. Then writes the tile map of both GEMMs.
 __global__ void __launch_bounds__(1024, 1) build_routing_index(const __grid_constant__ MoEParams p) {
   __shared__ int counts[MAX_EXPERTS], first[MAX_EXPERTS], cursor[MAX_EXPERTS], tile_end[MAX_EXPERTS];
   __shared__ int warp_sums[32];
   const int E = p.num_experts, chunks = p.chunks;
   int* chunk_counts = p.chunk_counts;
-  for (int i = threadIdx.x; i < p.counter_count; i += blockDim.x) p.counters[i] = 0;  // for the fused kernel after
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     int total = 0;
     for (int c = 0; c < chunks; ++c) total += chunk_counts[(size_t)c * E + e];

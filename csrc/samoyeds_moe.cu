@@ -7,7 +7,6 @@
 //   2. gemm_*.cuh    GEMM 1, gate and up, SiLU(gate) * up fused, reading the tokens' rows of x in place;
 //   3. gemm_*.cuh    GEMM 2, down, the routing weight fused, one output row per slot;
 //   4. reduce.cuh    each token's sum over its top-k slots (and the split-K sums of small batches).
-// decode_fused.cuh runs 2-4 in one persistent kernel for small batches.
 // gemm_mma.cuh runs decode and mid-size batches (and everything before Hopper), gemm_ws.cuh the wide token tiles
 // on Hopper; both read the weights exactly in the packed layout of samoyeds_vllm/format/packing.py:
 //   values [E, R, K/2]  the kept values; R = out rows (2:4) or out rows / 2 (samoyeds: one condensed row per pair)
@@ -20,7 +19,6 @@
 // config.cuh (constants shared with the host code).
 
 #include "config.cuh"
-#include "decode_fused.cuh"
 #include "gemm_mma.cuh"
 #include "gemm_ws.cuh"
 #include "params.cuh"

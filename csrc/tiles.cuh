@@ -73,21 +73,14 @@ __device__ __forceinline__ StageT* aligned_stages(unsigned char* smem_raw) {
   return reinterpret_cast<StageT*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
 }
 
-// One share of a split-K GEMM: share `index` of `count` (a block's blockIdx.z of gridDim.z, or a work item's share
-// in the fused decode kernel). count = 1: not split, the epilogue writes finished outputs.
-struct Split {
-  int index, count;
-  __device__ __forceinline__ static Split of_block() { return {(int)blockIdx.z, (int)gridDim.z}; }
-};
-
-// The k tiles (BK inputs each) of one split-K share: share z of n takes an equal part, so small batches run more,
-// shorter blocks.
+// The k tiles (BK inputs each) of one split-K block: block z of gridDim.z takes an equal share, so small batches
+// run more, shorter blocks.
 struct KRange {
   int begin, count;
-  __device__ __forceinline__ KRange(int K, Split split) {
+  __device__ __forceinline__ explicit KRange(int K) {
     const int total = K / BK;
-    begin = (int)((long long)total * split.index / split.count);
-    count = (int)((long long)total * (split.index + 1) / split.count) - begin;
+    begin = (int)((long long)total * blockIdx.z / gridDim.z);
+    count = (int)((long long)total * (blockIdx.z + 1) / gridDim.z) - begin;
   }
 };
 

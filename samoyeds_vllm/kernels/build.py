@@ -89,18 +89,6 @@ def kernel(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, name: str
     return function
 
 
-@functools.cache
-def resident_blocks(
-    dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, name: str, threads: int, shared_bytes: int
-) -> int:
-    """Blocks of a kernel one SM holds at once (the driver's occupancy calculator): the fused decode kernel's
-    persistent grid is at most this many blocks per SM."""
-    import cupy
-
-    function = kernel(dtype, pattern, arch, fp8, name, shared_bytes)
-    return max(1, cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, threads, shared_bytes))
-
-
 class _StreamHandle:
     """A raw cudaStream_t through the CUDA stream protocol, which CuPy's Stream.from_external takes."""
 

@@ -24,7 +24,6 @@ BK = CONSTANTS["BK"]  # dense inputs per pipeline stage
 STAGES = CONSTANTS["STAGES"]  # pipeline depth of moe_gemm
 SLAB_ROWS = CONSTANTS["SLAB_ROWS"]  # condensed weight rows per warp in a slab
 TILE_ROWS = CONSTANTS["TILE_ROWS"]  # rows of a tile of the stored values and metadata (kernels/weights.py)
-FUSED_WARPS = CONSTANTS["FUSED_WARPS"]  # warps per block of the fused decode kernel
 WS_STAGES = {64: CONSTANTS["WS_STAGES_BN64"], 128: CONSTANTS["WS_STAGES_BN128"]}  # ws pipeline depth by token tile
 WS_THREADS = 128 * (CONSTANTS["WS_CONSUMERS"] + 1)  # one copying warpgroup and the MMA warpgroups
 MAX_EXPERTS = CONSTANTS["MAX_EXPERTS"]

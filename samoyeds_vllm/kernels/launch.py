@@ -7,8 +7,7 @@ Kernels run on torch's current stream with no host synchronisation, so vLLM capt
 3. GEMM 2 (down, routing weight fused) writing each slot's output row;
 4. the sum over the top-k slots of each token (a fixed order: deterministic).
 Batches too small to fill the GPU split K over blockIdx.z into fp32 partials, which the SiLU kernel after GEMM 1
-and step 4 reduce. Decode batches run 2-4 as one fused kernel instead (csrc/decode_fused.cuh), with the same
-results bit for bit. SAMOYEDS_POISON=1 (tests) fills the intermediate activations with NaN before GEMM 1, so an
+and step 4 reduce. SAMOYEDS_POISON=1 (tests) fills the intermediate activations with NaN before GEMM 1, so an
 element the kernels fail to write shows up in the output.
 """
 
@@ -56,10 +55,8 @@ def moe_experts(
     x = x.contiguous()
     ids = topk_ids.reshape(-1).to(torch.int64).contiguous()
     weights = topk_weights.reshape(-1).float().contiguous()
-    counter_count = plan.fused.counter_count if plan.fused else 0
-    index_sizes = [slots, 3 * plan.num_tiles, plan.chunks * num_experts, counter_count]
-    index = torch.empty(sum(index_sizes), dtype=torch.int32, device=x.device)
-    sorted_slot, tiles, chunk_counts, counters = index.split(index_sizes)
+    index = torch.empty(slots + 3 * plan.num_tiles + plan.chunks * num_experts, dtype=torch.int32, device=x.device)
+    sorted_slot, tiles, chunk_counts = index.split([slots, 3 * plan.num_tiles, plan.chunks * num_experts])
     tile_expert, tile_start, tile_rows = tiles.view(3, plan.num_tiles)
     act = torch.empty(slots, shape.inter, dtype=x.dtype, device=x.device)
     if os.environ.get("SAMOYEDS_POISON"):  # tests: an element the kernels fail to write shows up as NaN
@@ -97,8 +94,6 @@ def moe_experts(
             y=ptr(y),
             down_splits=z2,
             out=ptr(out),
-            counters=ptr(counters),
-            counter_count=counter_count,
         )
     )
 
@@ -116,11 +111,6 @@ def moe_experts(
         launch(template_name("build_routing_index"), (1,), plan.routing_threads)
         if plan.chunks:
             launch(template_name("scatter_slots"), (plan.chunks,), ROUTE_THREADS)
-        if plan.fused:
-            f = plan.fused
-            resident = build.resident_blocks(x.dtype, pattern, device.arch, fp8, f.kernel, f.threads, f.shared_bytes)
-            launch(f.kernel, (min(f.items, resident * device.sms),), f.threads, f.shared_bytes)
-            return out
         for gemm in (plan.gate_up, plan.down):
             launch(gemm.kernel, gemm.grid, gemm.threads, gemm.shared_bytes)
             if gemm.gate_up and plan.silu_kernel:

@@ -59,8 +59,6 @@ class MoEParams:
     y: Ptr
     down_splits: int
     out: Ptr
-    counters: Ptr
-    counter_count: int
 
 
 _SCALARS = {Ptr: np.uint64, int: np.int32}

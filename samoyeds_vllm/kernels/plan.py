@@ -27,13 +27,11 @@ from ..format import Pattern
 from .geometry import (
     BK,
     ELEMENTWISE_THREADS,
-    FUSED_WARPS,
     MAX_EXPERTS,
     ROUTE_CHUNK,
     SLAB_ROWS,
     SUM_VEC,
     BlockShape,
-    pattern_template_args,
     template_name,
 )
 
@@ -43,7 +41,6 @@ NARROW_TILES = (8, 16, 32)  # token tiles of decode batches (mma.sp)
 WIDE_BN = 64  # token tiles this wide take the larger block shapes (wgmma on Hopper)
 WS_WIDE_BN = 128  # 2:4 token tiles on Hopper (ws kernel) for batches past WIDE_BN slots per expert
 ROUTE_CHUNKED_FROM = 4 * ROUTE_CHUNK  # batches with at least this many slots count and scatter over many blocks
-FUSED_MAX_TOKENS = 16  # batches up to this many tokens run the fused decode kernel (heuristic)
 MIN_ROW_BLOCK = SLAB_ROWS * 4  # the smallest block (4 warps, one slab): weight rows come in whole blocks of it
 CONFIG_DIR_ENV = "SAMOYEDS_KERNEL_CONFIG_DIR"
 ARCH_ENV = "SAMOYEDS_KERNEL_ARCH"
@@ -123,13 +120,11 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """The choices of one forward that a tuned table entry or an experiment may fix; None keeps the heuristic's.
-    fused: both GEMMs and their reductions in the one fused decode kernel (decode blocks only)."""
+    """The choices of one forward that a tuned table entry or an experiment may fix; None keeps the heuristic's."""
 
     token_tile: int | None = None
     gate_up: GemmConfig = field(default_factory=GemmConfig)
     down: GemmConfig = field(default_factory=GemmConfig)
-    fused: bool | None = None
 
     @classmethod
     def from_json(cls, data: dict, where: str = "kernel config") -> KernelConfig:
@@ -138,7 +133,6 @@ class KernelConfig:
                 data.get("token_tile"),
                 GemmConfig(**data.get("gate_up", {})),
                 GemmConfig(**data.get("down", {})),
-                data.get("fused"),
             )
         except (TypeError, AttributeError) as e:
             raise SamoyedsError(f"{where}: not a kernel config ({e}); see configs/kernels/README.md") from None
@@ -147,12 +141,7 @@ class KernelConfig:
         def gemm(c: GemmConfig) -> dict:
             return {k: v for k, v in vars(c).items() if v is not None}
 
-        out = {
-            "token_tile": self.token_tile,
-            "gate_up": gemm(self.gate_up),
-            "down": gemm(self.down),
-            "fused": self.fused,
-        }
+        out = {"token_tile": self.token_tile, "gate_up": gemm(self.gate_up), "down": gemm(self.down)}
         return {k: v for k, v in out.items() if v not in (None, {})}
 
 
@@ -311,18 +300,6 @@ class GemmPlan:
 
 
 @dataclass(frozen=True)
-class FusedPlan:
-    """The fused decode kernel (csrc/decode_fused.cuh): both GEMMs' work items in one persistent grid of at most
-    `items` blocks (the launch caps it at what the GPU holds at once), and its counters."""
-
-    kernel: str
-    items: int
-    threads: int
-    shared_bytes: int
-    counter_count: int
-
-
-@dataclass(frozen=True)
 class MoEPlan:
     token_tile: int
     num_tiles: int
@@ -334,7 +311,6 @@ class MoEPlan:
     sum_grid: tuple[int, int, int]
     silu_kernel: str | None  # finishes GEMM 1 under split-K
     silu_grid: tuple[int, int, int]
-    fused: FusedPlan | None = None  # set: run this instead of the GEMMs and reductions
 
 
 def plan_moe(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, fp8: bool = False) -> MoEPlan:
@@ -408,7 +384,6 @@ def _plan(
         )
 
     gate_up, down = gemm(True, config.gate_up), gemm(False, config.down)
-    fused = _fused_plan(shape, pattern, dtype, token_tile, tiles, gate_up, down, config.fused, fp8)
     vec = sum_vec(shape.tokens * shape.hidden, device.sms)
     return MoEPlan(
         token_tile=token_tile,
@@ -421,43 +396,6 @@ def _plan(
         sum_grid=elementwise_grid(shape.tokens * shape.hidden // vec, device.sms),
         silu_kernel=template_name("silu_mul_splits", dtype) if gate_up.splits > 1 else None,
         silu_grid=elementwise_grid(slots * shape.inter, device.sms),
-        fused=fused,
-    )
-
-
-FUSED_BLOCKS = (BlockShape("mma", FUSED_WARPS, 2), BlockShape("mma", FUSED_WARPS, 1))  # its gate/up and down items
-
-
-def _fused_plan(
-    shape: LayerShape,
-    pattern: Pattern,
-    dtype: torch.dtype,
-    token_tile: int,
-    tiles: int,
-    gate_up: GemmPlan,
-    down: GemmPlan,
-    wanted: bool | None,
-    fp8: bool,
-) -> FusedPlan | None:
-    """The fused kernel runs the work of the decode blocks (4-warp mma.sp, narrow token tiles), with the plan's
-    split-K factors; by default for batches up to FUSED_MAX_TOKENS tokens."""
-    fits = token_tile in NARROW_TILES and (gate_up.block, down.block) == FUSED_BLOCKS
-    if wanted and not fits:
-        raise SamoyedsError(
-            f"kernel config: the fused decode kernel runs {FUSED_BLOCKS[0]} / {FUSED_BLOCKS[1]} blocks on token "
-            f"tiles {NARROW_TILES}, not {gate_up.block} / {down.block} on {token_tile}"
-        )
-    if not (wanted if wanted is not None else fits and shape.tokens <= FUSED_MAX_TOKENS):
-        return None
-    samoyeds, segment = pattern_template_args(pattern)
-    return FusedPlan(
-        kernel=template_name("moe_decode_fused", dtype, fp8, samoyeds, segment, token_tile),
-        items=tiles * (gate_up.row_blocks * gate_up.splits + down.row_blocks * down.splits),
-        threads=FUSED_BLOCKS[0].threads,
-        shared_bytes=max(gate_up.shared_bytes, down.shared_bytes),
-        # FusedCounters: the ticket, split-K arrivals per (tile, gate/up row block), ready row blocks per tile,
-        # arrivals per (token, down row block)
-        counter_count=1 + tiles * gate_up.row_blocks + tiles + shape.tokens * down.row_blocks,
     )
 
 
@@ -471,8 +409,6 @@ def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool 
         for gate_up in (True, False)
         for block in block_shapes(bn, gate_up, samoyeds, hopper, fp8)
     ]
-    segment = pattern_template_args(pattern)[1]
-    names += [template_name("moe_decode_fused", dtype, fp8, samoyeds, segment, bn) for bn in NARROW_TILES]
     names += [template_name(k) for k in ("build_routing_index", "count_slots", "scatter_slots")]
     names.append(template_name("silu_mul_splits", dtype))
     names += [template_name("sum_slots", dtype, src, vec) for src in (dtype, torch.float32) for vec in (1, SUM_VEC)]
@@ -481,7 +417,6 @@ def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool 
 
 __all__ = [
     "Device",
-    "FusedPlan",
     "GemmConfig",
     "GemmPlan",
     "KernelConfig",

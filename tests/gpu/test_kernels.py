@@ -123,39 +123,6 @@ def test_split_k_through_kernel_configs(splits):
     assert err < BF16_TOLERANCE, f"splits {splits}: relative error {err}"
 
 
-@pytest.mark.parametrize("values", [None, FP8], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize(
-    "shape, tokens, splits",
-    [
-        ("qwen3-30b-a3b", 1, None),  # the heuristic's split-K at T = 1
-        ("mixtral-8x7b", 3, (4, 3)),  # both GEMMs split: the last shares finish SiLU and the slot sums
-        ("deepseek-v2-lite", 16, None),
-        ("olmoe-1b-7b", 12, (2, 1)),
-        ("qwen3-30b-a3b", 40, (1, 1)),  # past the heuristic's batches, unsplit, 16-token tiles
-    ],
-)
-def test_fused_decode_kernel_equals_the_separate_kernels(shape, tokens, splits, pattern, values):
-    """The fused decode kernel (both GEMMs and their reductions in one persistent kernel) gives bit for bit the
-    output of the separate kernels, with routes to experts of other ranks (ids -1) among the slots."""
-    problem = make_problem(preset_shape(shape), PATTERNS[pattern], tokens, seed=tokens, values=values)
-    problem.topk_ids[::3, -1] = -1  # expert parallelism: this slot's expert lives on another rank
-    gemms = {"gate_up": GemmConfig(splits=splits[0]), "down": GemmConfig(splits=splits[1])} if splits else {}
-    outs = {}
-    for fused in (False, True):
-        with kernels.override_config(KernelConfig(fused=fused, **gemms)):
-            layer = LayerShape(tokens, problem.topk_ids.shape[1], problem.w13.shape[0], *problem.w2.shape[1:])
-            plan = kernels.plan_moe(
-                layer, PATTERNS[pattern], torch.bfloat16, device_of(torch.device("cuda")), values is not None
-            )
-            assert (plan.fused is not None) == fused
-            outs[fused] = [run_sparse(problem) for _ in range(2)]  # twice: the counters start from zero each time
-    torch.cuda.synchronize()
-    assert torch.equal(outs[True][0], outs[False][0]) and torch.equal(outs[True][1], outs[False][0])
-    err = relative_error(outs[True][0], reference(problem))
-    assert err < BF16_TOLERANCE, f"relative error {err}"
-
-
 def test_weights_in_another_layout_are_refused():
     """Values, metadata and row selections must be stored as the plugin stores them after loading; the op never
     copies them."""

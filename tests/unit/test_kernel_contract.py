@@ -122,4 +122,4 @@ def test_every_kernel_takes_the_one_parameter_struct():
         ):
             kernels += 1
             assert params_list == "const __grid_constant__ MoEParams p", (path.name, name, params_list)
-    assert kernels == 8  # 3 routing, 2 GEMM, 2 reductions, the fused decode kernel
+    assert kernels == 7  # 3 routing, 2 GEMM, 2 reductions

@@ -147,36 +147,6 @@ def test_tuned_tables_are_read_by_gpu_and_shape_and_take_the_nearest_token_count
         kernel_plan._read_table.cache_clear()
 
 
-def test_decode_batches_take_the_fused_kernel():
-    """Up to FUSED_MAX_TOKENS tokens both GEMMs run in the fused decode kernel with the plan's split-K factors;
-    its work items and counters follow from the tiles and row blocks; larger batches run the separate kernels."""
-    one = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100)
-    assert one.fused is not None
-    assert one.fused.kernel == "samoyeds::moe_decode_fused<__nv_bfloat16, false, true, 128, 8>"
-    gate_up, down = one.gate_up, one.down  # 6 gate/up row blocks split 4 ways, 16 down row blocks unsplit
-    assert (gate_up.row_blocks, gate_up.splits, down.row_blocks, down.splits) == (6, 4, 16, 1)
-    assert one.fused.items == one.num_tiles * (6 * 4 + 16 * 1)
-    assert one.fused.counter_count == 1 + one.num_tiles * 6 + one.num_tiles + 1 * 16
-    assert one.fused.shared_bytes == max(gate_up.shared_bytes, down.shared_bytes) and one.fused.threads == 128
-    fp8 = plan_moe(LayerShape(16, **QWEN3), TWO_FOUR, torch.float16, H100, fp8=True).fused
-    assert fp8 is not None and fp8.kernel.startswith("samoyeds::moe_decode_fused<__half, true, false, 128, ")
-    assert plan_moe(LayerShape(kernel_plan.FUSED_MAX_TOKENS + 1, **QWEN3), SAMOYEDS, torch.bfloat16, H100).fused is None
-
-
-def test_the_fused_kernel_through_kernel_configs():
-    """A config turns the fused kernel off for decode or on for a larger narrow-tile batch, and is refused where
-    the fused kernel does not run the plan's blocks."""
-    shape = LayerShape(1, **QWEN3)
-    with override_config(KernelConfig(fused=False)):
-        assert plan_moe(shape, SAMOYEDS, torch.bfloat16, H100).fused is None
-    with override_config(KernelConfig(fused=True)):
-        assert plan_moe(LayerShape(64, **QWEN3), SAMOYEDS, torch.bfloat16, H100).fused is not None
-    with override_config(KernelConfig(fused=True)), pytest.raises(SamoyedsError, match="fused decode kernel runs"):
-        plan_moe(LayerShape(4096, **QWEN3), SAMOYEDS, torch.bfloat16, H100)
-    config = KernelConfig(fused=False)
-    assert KernelConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
-
-
 def test_config_json_round_trip():
     config = KernelConfig(32, GemmConfig("mma", 4, 2, 4), GemmConfig(splits=1))
     assert KernelConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
