@@ -2,7 +2,7 @@
 and optionally writes the best of each token count as a tuned table that the kernels then read.
 
     python benchmarks/tune_kernels.py [--shapes qwen3-30b-a3b,...] [--patterns samoyeds,2:4] [--tokens 1,2,4,8,16]
-        [--search splits|blocks|all] [--json FILE] [--write-tables DIR]
+        [--search splits|blocks|all] [--values bf16|fp8] [--json FILE] [--write-tables DIR]
 
 One problem per (shape, pattern, T). Every config is checked against the fp32 reference, then timed in two rounds
 (all configs, then all again), each in the second of two CUDA graphs (bench/timing.py), so neither the order nor
@@ -21,7 +21,7 @@ import torch
 
 from samoyeds_vllm import kernels
 from samoyeds_vllm.bench.timing import time_cuda_graph
-from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.format import FP8, Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape
 from samoyeds_vllm.kernels.plan import block_shapes, device_of, table_name
 from samoyeds_vllm.tools.moe_problem import make_problem, reference, relative_error, run_sparse
@@ -54,18 +54,20 @@ def main() -> None:
     parser.add_argument("--patterns", default="samoyeds,2:4")
     parser.add_argument("--tokens", default="1,2,4,8,16")
     parser.add_argument("--search", default="splits", choices=["splits", "blocks", "all"])
+    parser.add_argument("--values", default="bf16", choices=["bf16", "fp8"], help="the packed values' type")
     parser.add_argument("--json", help="write every timing here")
     parser.add_argument("--write-tables", metavar="DIR", help="write the best config per token count as tables")
     args = parser.parse_args()
     device = device_of(torch.device("cuda"))
+    fp8 = args.values == "fp8"
     rows, tables = [], {}
     for shape_name, pattern_name, tokens in itertools.product(
         args.shapes.split(","), args.patterns.split(","), map(int, args.tokens.split(","))
     ):
         shape, pattern = preset_shape(shape_name), Pattern.parse(pattern_name)
         layer = LayerShape(tokens, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate)
-        plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device)
-        problem = make_problem(shape, pattern, tokens, seed=tokens)
+        plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device, fp8)
+        problem = make_problem(shape, pattern, tokens, seed=tokens, values=FP8 if fp8 else None)
         ref = reference(problem)
         k_tiles = (shape.hidden // 128, shape.intermediate // 128)
         configs = candidates(plan, k_tiles, pattern.is_samoyeds, device.hopper, args.search)
@@ -83,9 +85,14 @@ def main() -> None:
             + "  ".join(f"{k} {v[0]}/{v[1]}" for k, v in cells.items())
             + f"  best {best}"
         )
-        rows.append({"shape": shape_name, "pattern": str(pattern), "tokens": tokens, "us": cells, "best": best})
+        rows.append(
+            {"shape": shape_name, "pattern": str(pattern), "values": args.values, "tokens": tokens, "us": cells}
+            | {"best": best}
+        )
         best_config = dict(configs)[best]  # {} in the table: the heuristics won
-        tables.setdefault(table_name(layer, pattern, torch.bfloat16, device), {})[str(tokens)] = best_config.to_json()
+        tables.setdefault(table_name(layer, pattern, torch.bfloat16, device, fp8), {})[str(tokens)] = (
+            best_config.to_json()
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device.name, "rows": rows}, indent=2) + "\n")
     if args.write_tables:
