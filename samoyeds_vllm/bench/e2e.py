@@ -55,6 +55,7 @@ from ..tools.model_maker import preset_model
 from ..tools.vllm_server import (
     JIT_MONITOR_FLAGS,
     VllmServer,
+    deep_gemm_cache,
     gpu_memory_used,
     gpu_processes,
     nvidia_smi,
@@ -240,6 +241,7 @@ def run_offline(
         "seed": 0,
         "results": str(results_path),
         "log": str(log),
+        "jit_caches": [str(deep_gemm_cache(env))],
     }
     spec_path.write_text(json.dumps(spec, indent=2) + "\n")
     code = "interrupted"
@@ -453,6 +455,7 @@ def run_variant(
     log = out / f"server-{model.name}.log"
     wait_for_gpu_memory(baseline)
     server = VllmServer(model, engine_args, log_path=log, env=dict(variant.env))
+    jit_caches = [deep_gemm_cache(env)]
     try:
         server.__enter__()  # not `with`: a server that does not start is told apart from one that fails later
     except SamoyedsError as e:
@@ -469,7 +472,9 @@ def run_variant(
             _bench_serve(server, model, mix, c, c, out, f"{model.name}-c{c}-warmup", seed=2 * c + 1)
             timed = partial(_bench_serve, server, model, mix, c, work.prompts_per_client * c, out, f"{model.name}-c{c}")
             # a rerun (it compiled a kernel) with seeds of its own: the prompts of the run before are cached
-            level, jit = without_jit(lambda run, timed=timed, c=c: timed(seed=2 * c + _RERUN_SEEDS * run), log)
+            level, jit = without_jit(
+                lambda run, timed=timed, c=c: timed(seed=2 * c + _RERUN_SEEDS * run), log, caches=jit_caches
+            )
             serving["levels"].append({**level, **jit})
             serving["levels"].sort(key=lambda lv: lv["concurrency"])
             save()

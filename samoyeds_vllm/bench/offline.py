@@ -122,7 +122,9 @@ def run(spec: dict) -> None:
 
     for batch in spec["batch_sizes"]:
         _, warmup_s = generate(batch)
-        (outputs, elapsed), jit = without_jit(lambda _run, batch=batch: generate(batch), Path(spec["log"]))
+        (outputs, elapsed), jit = without_jit(
+            lambda _run, batch=batch: generate(batch), Path(spec["log"]), caches=map(Path, spec.get("jit_caches", []))
+        )
         generated = sum(len(o.outputs[0].token_ids) for o in outputs)
         emit(
             {

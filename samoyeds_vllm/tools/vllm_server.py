@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ..errors import SamoyedsError
@@ -145,19 +146,39 @@ def jit_events_since(log: Path, offset: int) -> tuple[int, int]:
     return text.count(_JIT_EVENT.encode()), offset + len(text)
 
 
-def without_jit(measure, log: Path, attempts: int = 3):
+def deep_gemm_cache(env: Mapping[str, str]) -> Path:
+    """Where DeepGEMM (vLLM's FP8 GEMMs on Hopper) writes the kernels it compiles at run time, in an engine with
+    environment `env`: $DG_JIT_CACHE_DIR, which vLLM sets to $VLLM_CACHE_ROOT/deep_gemm unless it is given."""
+    if env.get("DG_JIT_CACHE_DIR"):
+        return Path(env["DG_JIT_CACHE_DIR"]).expanduser()
+    cache_home = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return Path(env.get("VLLM_CACHE_ROOT") or cache_home / "vllm").expanduser() / "deep_gemm"
+
+
+def _cached_files(folders: Iterable[Path]) -> set[Path]:
+    return {f for folder in folders if folder.is_dir() for f in folder.rglob("*") if f.is_file()}
+
+
+def without_jit(measure, log: Path, attempts: int = 3, caches: Iterable[Path] = ()):
     """`measure(run)` for run = 0, 1, ... (at most `attempts` runs) until a run compiles no kernel, as the engine
-    writing `log` reports; returns its last result and a record: the runs made, the kernels compiled during them,
-    and whether the last run compiled none (`jit_free`). A kernel compiled inside a
-    timed run costs about a second and says nothing about the steady state; the untimed run of the same batch
-    shape before it compiles most of them, but the scheduler may batch the timed requests differently (another
-    mix of prefill and decode tokens per step, which Triton specialises kernels on). A rerun must draw other
-    prompts than the run before it, or it finds them in the prefix cache: `run` tells them apart."""
+    writing `log` reports and as the JIT caches `caches` show (a folder that gains files in a run: one kernel per
+    new folder of files; DeepGEMM logs nothing when it compiles); returns its last result and a record: the runs
+    made, the kernels compiled during them, and whether the last run compiled none (`jit_free`). A kernel compiled
+    inside a timed run costs about a second (DeepGEMM's nvcc more) and says nothing about the steady state; the
+    untimed run of the same batch shape before it compiles most of them, but the scheduler may batch the timed
+    requests differently (another mix of prefill and decode tokens per step, which Triton and DeepGEMM specialise
+    kernels on). A rerun must draw other prompts than the run before it, or it finds them in the prefix cache:
+    `run` tells them apart."""
+    caches = list(caches)
     offset = log.stat().st_size if log.exists() else 0
+    cached = _cached_files(caches)
     compiled = runs = 0
     while True:
         result = measure(runs)
         events, offset = jit_events_since(log, offset)
+        now = _cached_files(caches)
+        events += len({f.parent for f in now - cached})
+        cached = now
         compiled, runs = compiled + events, runs + 1
         if events == 0 or runs == attempts:
             return result, {"timed_runs": runs, "jit_compiles": compiled, "jit_free": events == 0}

@@ -6,7 +6,7 @@ import pytest
 
 from samoyeds_vllm.bench.e2e import DEFAULT_VARIANTS, VARIANTS, markdown, variant_env
 from samoyeds_vllm.cli import build_parser, main
-from samoyeds_vllm.tools.vllm_server import without_jit
+from samoyeds_vllm.tools.vllm_server import deep_gemm_cache, without_jit
 
 
 def _e2e_action(dest):
@@ -180,6 +180,33 @@ def test_a_timed_run_that_compiles_a_kernel_is_run_again(tmp_path, compiles, run
     result, jit = without_jit(measure, log)
     assert result == "result" and seen == list(range(runs))  # each run knows it is a rerun (to draw new prompts)
     assert jit == {"timed_runs": runs, "jit_compiles": sum(compiles), "jit_free": compiles[-1] == 0}
+
+
+def test_a_timed_run_during_which_deep_gemm_compiled_is_run_again(tmp_path):
+    """DeepGEMM logs nothing when it compiles a kernel (vLLM's dense FP8 linears, its warm-up skipped); its JIT
+    cache gaining a kernel folder during a timed run counts as a compile."""
+    log, cache = tmp_path / "engine.log", tmp_path / "deep_gemm"
+    (cache / "cache" / "kernel.old").mkdir(parents=True)
+    (cache / "cache" / "kernel.old" / "kernel.cubin").write_bytes(b"x")  # before the timed runs: not theirs
+    new_kernels = iter([2, 0])
+
+    def measure(run):
+        for k in range(next(new_kernels)):
+            folder = cache / "cache" / f"kernel.{run}.{k}"
+            folder.mkdir()
+            for name in ("kernel.cu", "kernel.cubin"):
+                (folder / name).write_text("x")
+        return "result"
+
+    result, jit = without_jit(measure, log, caches=[cache])
+    assert result == "result"
+    assert jit == {"timed_runs": 2, "jit_compiles": 2, "jit_free": True}
+
+
+def test_where_deep_gemm_caches_its_kernels(tmp_path):
+    assert deep_gemm_cache({"DG_JIT_CACHE_DIR": str(tmp_path / "dg")}) == tmp_path / "dg"
+    assert deep_gemm_cache({"VLLM_CACHE_ROOT": str(tmp_path / "v")}) == tmp_path / "v" / "deep_gemm"
+    assert deep_gemm_cache({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "vllm" / "deep_gemm"
 
 
 def test_the_report_names_points_whose_timed_runs_all_compiled():
