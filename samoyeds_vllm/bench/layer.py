@@ -40,7 +40,7 @@ class OursVariant:
     build: Callable[[MoEProblem], MoEPath]
 
 
-def _ours_packed(p: MoEProblem, name: str, label: str) -> MoEPath:
+def ours_packed(p: MoEProblem, name: str, label: str) -> MoEPath:
     """The samoyeds op on the packed weights in the activations' dtype (the plugin's layer)."""
     per_expert = tensor_bytes(*(t[0] for t in (*p.packed13, *p.packed2) if t is not None))
     return MoEPath(name, label, lambda: run_sparse(p), lambda e: (p.w13[e], p.w2[e]), per_expert)
@@ -66,7 +66,7 @@ def our_variants(pattern: Pattern, dtype: torch.dtype, fp8: bool = False) -> lis
     """Our layers to time. The first one is what the legacy ours_* keys and the first table report and must run;
     fp8 adds the same kept weights with FP8 values ("ours-fp8"); a failure of one but the first is recorded."""
     name, label = "ours-bf16", f"ours {pattern} {_DTYPE_NAMES.get(dtype, str(dtype))}"
-    variants = [OursVariant(name, label, lambda p: _ours_packed(p, name, label))]
+    variants = [OursVariant(name, label, lambda p: ours_packed(p, name, label))]
     if fp8:
         label8 = f"ours {pattern} fp8"
         variants.append(OursVariant("ours-fp8", label8, lambda p: _ours_fp8(p, "ours-fp8", label8)))
@@ -109,7 +109,7 @@ def bench_moe(
         "device": torch.cuda.get_device_name(),
         "date": time.strftime("%Y-%m-%d"),
         "torch": torch.__version__,
-        "vllm": _version("vllm"),
+        "vllm": package_version("vllm"),
         "host": platform.node(),
         "ceilings": ceilings,
         "paths": {
@@ -195,7 +195,7 @@ def _legacy_keys(row: dict) -> dict:
     return keys
 
 
-def _version(package: str) -> str | None:
+def package_version(package: str) -> str | None:
     try:
         from importlib.metadata import version
 

@@ -33,7 +33,7 @@ from ..plugin.routing import Routing, route
 from ..tools.architectures import architecture_of, moe_shape
 from ..tools.moe_problem import MoEProblem, make_problem
 from ..tools.presets import load_preset, preset_family
-from .layer import _ours_packed, _version
+from .layer import ours_packed, package_version
 from .peers import measure
 from .timing import time_cuda_graph_captures
 
@@ -180,7 +180,7 @@ def measure_routing(name: str, routing: Routing, problem: MoEProblem, logits: to
     record = {"name": name, "distinct_experts": int((load > 0).sum()), "busiest_expert_tokens": int(load.max())}
     record["check"] = check_routing(logits, routing, weights, ids)
     p = dataclasses.replace(problem, topk_weights=weights, topk_ids=ids)
-    experts = _ours_packed(p, "experts", "experts")
+    experts = ours_packed(p, "experts", "experts")
     layer = dataclasses.replace(experts, name="layer", label="layer", run=lambda: routed_layer(p, logits, routing))
     record["layer"], _ = measure(layer, p)  # error against the fp32 product of the routing's own choice
     record["experts"], _ = measure(experts, p)
@@ -226,7 +226,7 @@ def bench_routing(
         "device": torch.cuda.get_device_name(),
         "date": time.strftime("%Y-%m-%d"),
         "torch": torch.__version__,
-        "vllm": _version("vllm"),
+        "vllm": package_version("vllm"),
         "host": platform.node(),
         "logits": {"distribution": "N(0, 1)", "dtype": str(logits.dtype)},
         "baseline": routings[0],
