@@ -27,6 +27,9 @@ def main() -> None:
     parser.add_argument("--load-format", default="auto", help="'dummy': random weights (config-only models)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument(
+        "--enable-expert-parallel", action="store_true", help="shard whole experts over the tensor-parallel GPUs"
+    )
+    parser.add_argument(
         "--compilation-config", type=json.loads, help='JSON, e.g. {"custom_ops": ["-rotary_embedding"]}'
     )
     parser.add_argument("--json-out", help="write prompts, token ids and texts here")
@@ -45,6 +48,7 @@ def main() -> None:
         max_model_len=1024,
         seed=0,
         tensor_parallel_size=args.tensor_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel,
         compilation_config=args.compilation_config,
         # vLLM's CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE and wants a low utilisation.
         gpu_memory_utilization=0.9 if torch.cuda.is_available() else 0.3,
