@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import MAX_TOKENS, PROMPTS, hf_greedy_tokens, read_checkpoint, run_engine
+from helpers import MAX_TOKENS, PROMPTS, fp8_experts_only, hf_greedy_tokens, rewrite_checkpoint, run_engine
 
 from samoyeds_vllm.format import Pattern
 from samoyeds_vllm.tools.convert import convert
@@ -142,21 +142,6 @@ def test_kimi_k2_checkpoint_serves_as_deepseek_v3(tiny_models, tmp_path, deepsee
     convert(kimi, tmp_path / "kimi-sparse", Pattern.parse("samoyeds"), progress=False)
     tokens, _ = run_engine(tmp_path / "kimi-sparse", *TORCH_ROTARY, env=DEEPSEEK_ON_CPU)
     assert tokens == deepseek_v3_tokens
-
-
-def rewrite_checkpoint(src: Path, dst: Path, edit) -> Path:
-    """Copy a checkpoint, letting `edit(tensors, config)` change its tensors and config."""
-    import shutil
-
-    from safetensors.torch import save_file
-
-    shutil.copytree(src, dst)
-    tensors = read_checkpoint(dst)
-    config = json.loads((dst / "config.json").read_text())
-    edit(tensors, config)
-    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    (dst / "config.json").write_text(json.dumps(config))
-    return dst
 
 
 def test_load_errors_name_the_tensor(converted, tmp_path):
@@ -317,18 +302,6 @@ def test_fp8_values_on_load_match_converting_first(tiny_models, tmp_path):
 
 
 # ------------------------------------------------------------------------- sparsify on load from FP8 blocks
-
-
-def fp8_experts_only(tensors, config):
-    """Leave only the experts block-quantized (vLLM's CPU build has no FP8 block GEMM for the other linears): the
-    others dequantized, as the converter writes them, and listed in modules_to_not_convert."""
-    from samoyeds_vllm.format.fp8_blocks import SCALE_SUFFIX, dequantize_blocks
-
-    quant = config["quantization_config"]
-    for name in [n for n in tensors if n.endswith(SCALE_SUFFIX) and ".experts." not in n]:
-        weight = name.removesuffix(SCALE_SUFFIX)
-        tensors[weight] = dequantize_blocks(tensors[weight], tensors.pop(name)).to(torch.float32)
-        quant["modules_to_not_convert"].append(weight.removesuffix(".weight"))
 
 
 @pytest.fixture(scope="module")
