@@ -2,16 +2,19 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 from hypothesis import strategies as st
+from safetensors.torch import save_file
 
 from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.format.fp8_blocks import SCALE_SUFFIX, dequantize_blocks
 from samoyeds_vllm.tools.architectures import Architecture
-from samoyeds_vllm.tools.checkpoint_io import CheckpointReader
+from samoyeds_vllm.tools.checkpoint_io import DTYPES, CheckpointReader
 from samoyeds_vllm.tools.fused_experts import per_expert
 
 PATTERNS = [Pattern.parse("2:4")] + [Pattern.parse("samoyeds", v) for v in (32, 64, 128)]
@@ -24,6 +27,27 @@ def read_checkpoint(model_dir: Path, arch: Architecture | None = None) -> dict[s
     if arch is not None:
         reader = per_expert(reader, arch)
     return {name: reader.get(name) for name in reader.names()}
+
+
+def rewrite_checkpoint(src: Path, dst: Path, edit) -> Path:
+    """Copy a checkpoint, letting `edit(tensors, config)` change its tensors and config."""
+    shutil.copytree(src, dst)
+    tensors = read_checkpoint(dst)
+    config = json.loads((dst / "config.json").read_text())
+    edit(tensors, config)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def fp8_experts_only(tensors, config):
+    """Leave only the experts block-quantized (vLLM's CPU build has no FP8 block GEMM for the other linears): the
+    others dequantized, as the converter writes them, and listed in modules_to_not_convert."""
+    quant = config["quantization_config"]
+    for name in [n for n in tensors if n.endswith(SCALE_SUFFIX) and ".experts." not in n]:
+        weight = name.removesuffix(SCALE_SUFFIX)
+        tensors[weight] = dequantize_blocks(tensors[weight], tensors.pop(name)).to(DTYPES[config["torch_dtype"]])
+        quant["modules_to_not_convert"].append(weight.removesuffix(".weight"))
 
 
 def leftovers(parent: Path) -> list[str]:

@@ -34,8 +34,9 @@ from types import SimpleNamespace
 import torch
 
 from ..errors import SamoyedsError
-from ..tools.fp8_blocks import BLOCK as FP8_BLOCK
-from ..tools.fp8_blocks import dequantize_blocks, quantize_blocks
+from ..format.fp8_blocks import BLOCK as FP8_BLOCK
+from ..format.fp8_blocks import dequantize_blocks
+from ..tools.fp8_blocks import quantize_blocks
 from ..tools.moe_problem import MoEProblem, relative_error
 from .quant import (
     dequantize_int4_rows,

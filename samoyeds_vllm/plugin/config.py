@@ -6,7 +6,11 @@ methods). Two ways in:
 - a dense checkpoint (or load_format="dummy") with `--quantization samoyeds`: weights load dense and are pruned
   and packed after loading ("sparsify on load"; pattern samoyeds V=128 with values in the model's dtype unless
   `--hf-overrides '{"quantization_config": {"quant_method": "samoyeds", "pattern": "2:4"}}'` says otherwise,
-  `"values": "float8_e4m3fn"` for FP8 values).
+  `"values": "float8_e4m3fn"` for FP8 values);
+- an FP8 block-quantized checkpoint (Qwen3-*-FP8: `"quant_method": "fp8"` with `weight_block_size`) with
+  `--quantization samoyeds`: its experts are dequantized with their block scales, then pruned and packed as above;
+  every other layer keeps its FP8 weights through vLLM's own Fp8Config (its FP8 block GEMMs). The same samoyeds
+  keys added to the checkpoint's quantization_config through --hf-overrides choose the pattern and values.
 
 vLLM pickles the config to its engine processes, so the class lives at module level.
 """
@@ -22,9 +26,12 @@ import torch
 from vllm.model_executor.layers.fused_moe import RoutedExperts
 from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
 
 from ..errors import CheckpointError
 from ..format import QUANT_METHOD, SUFFIXES, Pattern, parse_quantization_config
+from ..format.fp8_blocks import SCALE_SUFFIX, block_size
 from .moe_method import SamoyedsMoEMethod
 
 #: One expert's tensor: LAYER.E.PROJECTION.SUFFIX, where vLLM names the experts layer LAYER too (every supported
@@ -68,18 +75,27 @@ def checkpoint_experts(model_dir: Path, suffixes: set[str]) -> dict[str, Checkpo
 
 
 class SamoyedsConfig(QuantizationConfig):
-    """Which pattern the experts use, whether the checkpoint holds them packed or dense, and the type of the kept
-    values (None: the model's dtype)."""
+    """Which pattern the experts use, whether the checkpoint holds them packed or dense, the type of the kept
+    values (None: the model's dtype), and for an FP8 block-quantized checkpoint vLLM's config of it (`fp8`), which
+    the layers other than the routed experts keep."""
 
-    def __init__(self, pattern: Pattern | None = None, packed: bool = False, values: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        pattern: Pattern | None = None,
+        packed: bool = False,
+        values: torch.dtype | None = None,
+        fp8: Fp8Config | None = None,
+    ) -> None:
         super().__init__()
         self.pattern = pattern or Pattern.parse("samoyeds")
         self.packed = packed
         self.values = values
+        self.fp8 = fp8
         self.checkpoint_experts: dict[str, CheckpointExperts] = {}
 
     def __repr__(self) -> str:
-        return f"SamoyedsConfig(pattern={self.pattern}, packed={self.packed}, values={self.values})"
+        fp8 = f", fp8 blocks {self.fp8.weight_block_size}" if self.fp8 else ""
+        return f"SamoyedsConfig(pattern={self.pattern}, packed={self.packed}, values={self.values}{fp8})"
 
     def get_name(self) -> str:
         return QUANT_METHOD
@@ -96,13 +112,40 @@ class SamoyedsConfig(QuantizationConfig):
         return []  # with no quantization_config in config.json: defaults, sparsify on load
 
     @classmethod
+    def override_quantization_method(cls, hf_quant_cfg: dict, user_quant: str | None, hf_config=None) -> str | None:
+        """`--quantization samoyeds` on an FP8 checkpoint: vLLM refuses a method other than the checkpoint's
+        unless a config claims the checkpoint here; from_config then gets the checkpoint's fp8 config."""
+        if user_quant == QUANT_METHOD and hf_quant_cfg.get("quant_method") == "fp8":
+            return QUANT_METHOD
+        return None
+
+    @classmethod
     def from_config(cls, config: dict[str, Any]) -> SamoyedsConfig:
-        """From config.json's quantization_config (samoyeds_vllm.format.checkpoint describes its keys)."""
+        """From config.json's quantization_config (samoyeds_vllm.format.checkpoint describes its keys), or from an
+        FP8 block-quantized checkpoint's (sparsify on load, samoyeds keys beside the fp8 ones)."""
         try:
             parsed = parse_quantization_config(config)
+            fp8 = None
+            if config.get("quant_method") == "fp8":
+                if block_size(config) is None:
+                    raise CheckpointError(
+                        "--quantization samoyeds reads FP8 checkpoints quantized in blocks (weight_block_size, as "
+                        "Qwen3-*-FP8 and DeepSeek-V3), not this one's per-tensor or per-channel scales; use the "
+                        "unquantized model"
+                    )
+                if parsed.packed:
+                    raise CheckpointError(
+                        "samoyeds quantization_config: format_version (packed experts) cannot describe an FP8 "
+                        "block-quantized checkpoint, whose experts load dense and are packed on load"
+                    )
+                fp8 = Fp8Config.from_config(config)
         except CheckpointError as e:
             raise ValueError(str(e)) from None
-        return cls(parsed.pattern, parsed.packed, parsed.values)
+        return cls(parsed.pattern, parsed.packed, parsed.values, fp8)
+
+    def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:
+        if self.fp8 is not None:  # its modules_to_not_convert name checkpoint modules
+            self.fp8.apply_vllm_mapper(hf_to_vllm_mapper)
 
     def maybe_update_config(self, model_name: str, hf_config=None, revision: str | None = None) -> None:
         """vLLM hands over the model here. Its loader skips, without a word, checkpoint tensors that no parameter
@@ -114,7 +157,7 @@ class SamoyedsConfig(QuantizationConfig):
     def expert_suffixes(self) -> set[str]:
         """How the checkpoint's expert tensors end: the packed parts, or a dense `weight`."""
         if not self.packed:
-            return {"weight"}
+            return {"weight", "weight" + SCALE_SUFFIX} if self.fp8 else {"weight"}
         parts = (
             "values",
             "meta",
@@ -126,7 +169,14 @@ class SamoyedsConfig(QuantizationConfig):
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         if isinstance(layer, RoutedExperts):
             _check_checkpoint_experts(layer, self.checkpoint_experts.get(prefix), self.expert_suffixes)
-            return SamoyedsMoEMethod(self.pattern, self.packed, layer.moe_config, self.values)
+            fp8_block = None
+            if self.fp8 and not is_layer_skipped(prefix, self.fp8.ignored_layers, self.packed_modules_mapping):
+                fp8_block = tuple(self.fp8.weight_block_size)
+            return SamoyedsMoEMethod(self.pattern, self.packed, layer.moe_config, self.values, fp8_block)
+        if self.fp8 is not None:
+            # vLLM hands the model's fused-module names (qkv_proj: q, k, v) to this config after building it
+            self.fp8.packed_modules_mapping = self.packed_modules_mapping
+            return self.fp8.get_quant_method(layer, prefix)
         if isinstance(layer, LinearBase):
             return UnquantizedLinearMethod()
         return None

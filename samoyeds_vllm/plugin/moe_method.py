@@ -17,6 +17,7 @@ from vllm.platforms import current_platform
 from .. import kernels
 from ..errors import PatternError
 from ..format import (
+    FP8,
     FP8_MAX,
     SUFFIXES,
     PackedWeight,
@@ -27,10 +28,15 @@ from ..format import (
     prune,
     quantize,
 )
+from ..format.fp8_blocks import SCALE_SUFFIX, dequantize_blocks, scale_shape
 from . import ops
 from .routing import Routing, route
 
 logger = init_logger(__name__)
+
+#: The part of a block-quantized FP8 checkpoint's expert beside its weight: `X.weight_scale_inv`.
+_SCALE_INV = "scale_inv"
+_PART_NAMES = {"weight": "weight", _SCALE_INV: "weight" + SCALE_SUFFIX, **SUFFIXES}
 
 #: Metadata that names positions (0, 1) in every group: valid, so unloaded (dummy) weights still run.
 _VALID_META_FILL = 0x4444
@@ -64,11 +70,19 @@ def _check_supported(layer: RoutedExperts) -> Routing:
 class SamoyedsMoEMethod(FusedMoEMethodBase):
     """Routed experts with structured-sparse weights: packed parameters, routing and the sparse-MoE op."""
 
-    def __init__(self, pattern: Pattern, packed: bool, moe, values: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        pattern: Pattern,
+        packed: bool,
+        moe,
+        values: torch.dtype | None = None,
+        fp8_block: tuple[int, int] | None = None,
+    ) -> None:
         super().__init__(moe)
         self.pattern = pattern
         self.packed = packed  # the checkpoint holds packed tensors (else dense ones, packed after loading)
         self.values = values  # quantized value type (FP8, with per-row scales), or None: the model's dtype
+        self.fp8_block = fp8_block  # dense experts stored in FP8 with scales per block of this shape
 
     @property
     def is_monolithic(self) -> bool:
@@ -104,14 +118,33 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
                         f"shards; choose a TP size whose shards fit the pattern"
                     ) from None
                 raise
+        if self.fp8_block is not None and tp_size > 1 and any(inter % b for b in self.fp8_block):
+            raise ValueError(
+                f"{layer.layer_name}: tensor parallel size {tp_size} splits the expert intermediate size "
+                f"{self.moe.intermediate_size} into {inter}-wide shards, which cut the checkpoint's FP8 scale blocks "
+                f"{self.fp8_block}; choose a TP size whose shards are whole blocks"
+            )
+        self.params_dtype = params_dtype
         for name, shape in shapes.items():
             if self.packed:
                 self._register_packed(layer, name, shape, params_dtype, extra_weight_attrs)
-            else:  # dense now, packed in process_weights_after_loading
-                param = torch.nn.Parameter(torch.empty(shape, dtype=params_dtype), requires_grad=False)
-                layer.register_parameter(f"{name}_weight", param)
-                loader = _checked_loader(layer, None, extra_weight_attrs["weight_loader"])
-                set_weight_attrs(param, {**extra_weight_attrs, "weight_loader": loader})
+                continue
+            # dense now, packed in process_weights_after_loading
+            loader = _checked_loader(layer, None, extra_weight_attrs["weight_loader"], fp8_block=self.fp8_block)
+            param = torch.nn.Parameter(
+                torch.empty(shape, dtype=FP8 if self.fp8_block else params_dtype), requires_grad=False
+            )
+            layer.register_parameter(f"{name}_weight", param)
+            set_weight_attrs(param, {**extra_weight_attrs, "weight_loader": loader})
+            if self.fp8_block is not None:
+                # w13's scales: gate's blocks, then up's (the checkpoint scales each projection in its own blocks)
+                halves = 2 if name == "w13" else 1
+                rows, cols = scale_shape((shape[1] // halves, shape[2]), self.fp8_block)
+                scale = torch.nn.Parameter(torch.ones(num_experts, halves * rows, cols), requires_grad=False)
+                layer.register_parameter(f"{name}_weight{SCALE_SUFFIX}", scale)
+                # vLLM's expert loader shards tensors named *scale* by this attribute, block scales like weights
+                attrs = {"quant_method": FusedMoeWeightScaleSupported.BLOCK.value, "weight_loader": loader}
+                set_weight_attrs(scale, {**extra_weight_attrs, **attrs})
 
     def _register_packed(
         self,
@@ -138,11 +171,16 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
             set_weight_attrs(param, {**extra_weight_attrs, **attrs, "weight_loader": loader})
 
     def process_weights_after_loading(self, layer: RoutedExperts) -> None:
-        parts = [p for p in SUFFIXES if p != "scale" or self.values is not None] if self.packed else ["weight"]
+        if self.packed:
+            parts = [p for p in SUFFIXES if p != "scale" or self.values is not None]
+        else:
+            parts = ["weight", _SCALE_INV] if self.fp8_block else ["weight"]
         from_checkpoint = _check_all_loaded(layer, parts, self.pattern)
         for name in ("w13", "w2"):
-            weight = getattr(layer, f"{name}_{SUFFIXES['values']}" if self.packed else f"{name}_weight")
-            if bad := nonfinite_count(weight.data):
+            weight = getattr(layer, f"{name}_{SUFFIXES['values']}" if self.packed else f"{name}_weight").data
+            if self.fp8_block is not None:
+                weight = self._dequantized(layer, name)
+            if bad := nonfinite_count(weight):
                 raise ValueError(
                     f"{layer.layer_name}.{name}: the checkpoint's expert weights hold "
                     f"{bad} non-finite values (NaN or Inf); the checkpoint is damaged"
@@ -150,12 +188,13 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
             if self.packed and self.values is not None and not from_checkpoint:
                 _dummy_fp8(layer, name)
             if not self.packed:
-                dense = getattr(layer, f"{name}_weight")
                 label = f"{layer.layer_name}.{name}_weight"
-                packed = compress(prune(dense.data, self.pattern, name=label), self.pattern, name=label)
+                packed = compress(prune(weight, self.pattern, name=label), self.pattern, name=label)
                 if self.values is not None:
                     packed = quantize(packed, self.pattern, self.values)
                 delattr(layer, f"{name}_weight")
+                if self.fp8_block is not None:
+                    delattr(layer, f"{name}_weight{SCALE_SUFFIX}")
                 for part, tensor in packed._asdict().items():
                     if tensor is not None:
                         layer.register_parameter(
@@ -185,6 +224,17 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
                 if getattr(stored, part) is not None:
                     getattr(layer, f"{name}_{SUFFIXES[part]}").data = getattr(stored, part)
 
+    def _dequantized(self, layer: RoutedExperts, name: str) -> torch.Tensor:
+        """The dense experts an FP8 block-quantized checkpoint stands for, in the model's dtype: dequantized in
+        float32 and rounded once, as the converter reads them, one expert at a time (fp32 temporaries of one)."""
+        q, scale = getattr(layer, f"{name}_weight").data, getattr(layer, f"{name}_weight{SCALE_SUFFIX}").data
+        halves = 2 if name == "w13" else 1
+        dense = torch.empty(q.shape, dtype=self.params_dtype, device=q.device)
+        for e in range(q.shape[0]):
+            qe, se = q[e].unflatten(0, (halves, -1)), scale[e].unflatten(0, (halves, -1))
+            dense[e] = dequantize_blocks(qe, se, self.fp8_block).flatten(0, 1)
+        return dense
+
     def _packed(self, layer: RoutedExperts, name: str) -> PackedWeight:
         return PackedWeight(*(getattr(layer, f"{name}_{SUFFIXES[part]}", None) for part in PackedWeight._fields))
 
@@ -201,17 +251,30 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
         return ops.moe_experts(x, topk_weights, topk_ids, w13, w2, self.pattern)
 
 
-def _checked_loader(layer: RoutedExperts, pattern: Pattern | None, load, scaled: bool = False):
+def _checked_loader(
+    layer: RoutedExperts,
+    pattern: Pattern | None,
+    load,
+    scaled: bool = False,
+    fp8_block: tuple[int, int] | None = None,
+):
     """Wraps vLLM's expert weight loader: checks packed tensors' shape and dtype (naming the tensor and the expert)
     and records which (part, shard, local expert) arrived, so that a missing one is an error at the end. `pattern`
-    None: a dense checkpoint (sparsify-on-load), recorded only; `scaled`: quantized values with scales."""
+    None: a dense checkpoint (sparsify-on-load), recorded only, unless it is block-quantized FP8 (`fp8_block`):
+    then its weights' dtype and its scales' shapes are checked; `scaled`: packed values quantized, with scales."""
     hidden, inter = layer.moe_config.hidden_dim, layer.moe_config.intermediate_size
     dense = {"w1": (inter, hidden), "w3": (inter, hidden), "w2": (hidden, inter)}
     if not hasattr(layer, "_samoyeds_loaded"):
         layer._samoyeds_loaded = set()
 
     def loader(param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
-        part = next((p for p, suffix in SUFFIXES.items() if weight_name.endswith(suffix)), "weight")
+        if weight_name.endswith(SCALE_SUFFIX):
+            part = _SCALE_INV
+        else:
+            part = next((p for p, suffix in SUFFIXES.items() if weight_name.endswith(suffix)), "weight")
+        if fp8_block is not None:
+            where = f"expert {expert_id}, {shard_id}"
+            _check_fp8_block_tensor(weight_name, where, part, loaded_weight, dense[shard_id], fp8_block)
         if pattern is not None:
             shapes = pattern.packed_shapes(dense[shard_id], weight_name, scaled=scaled)
             if part not in shapes:
@@ -240,6 +303,26 @@ def _checked_loader(layer: RoutedExperts, pattern: Pattern | None, load, scaled:
     return loader
 
 
+def _check_fp8_block_tensor(
+    name: str, where: str, part: str, tensor: torch.Tensor, dense: tuple[int, int], block: tuple[int, int]
+) -> None:
+    """A block-quantized expert's tensor: an FP8 weight, or float scales, one per block of `dense`. vLLM's loader
+    would round a weight of another dtype into FP8 and broadcast scales of a smaller shape, without a word."""
+    if part == _SCALE_INV:
+        expected = scale_shape(dense, block)
+        if tuple(tensor.shape) != expected or not tensor.is_floating_point():
+            raise ValueError(
+                f"{name} ({where}): block scales of shape {tuple(tensor.shape)} and dtype {tensor.dtype}, expected "
+                f"{expected} floats for the {dense} weight in {block[0]} x {block[1]} blocks"
+            )
+    elif part == "weight" and tensor.dtype != FP8:
+        raise ValueError(
+            f"{name} ({where}): dtype {tensor.dtype}, but the checkpoint's quantization_config says FP8 in "
+            f"{block[0]} x {block[1]} blocks (float8_e4m3fn weights beside weight{SCALE_SUFFIX} scales); an expert "
+            "stored unquantized belongs in its modules_to_not_convert"
+        )
+
+
 def _check_all_loaded(layer: RoutedExperts, parts: list[str], pattern: Pattern) -> bool:
     """Every local expert's every projection (and packed part) came from the checkpoint: vLLM checks parameters,
     not the experts inside them, so a checkpoint missing one expert tensor would otherwise run on garbage. Nothing
@@ -257,8 +340,7 @@ def _check_all_loaded(layer: RoutedExperts, parts: list[str], pattern: Pattern) 
         if (part, shard, expert) not in loaded
     ]
     if missing:
-        names = {"weight": "weight", **SUFFIXES}
-        shown = ", ".join(f"expert {e} {s} ({names[p]})" for p, s, e in missing[:4])
+        shown = ", ".join(f"expert {e} {s} ({_PART_NAMES[p]})" for p, s, e in missing[:4])
         more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
         raise ValueError(f"{layer.layer_name}: the checkpoint has no tensor for {shown}{more}")
     del layer._samoyeds_loaded

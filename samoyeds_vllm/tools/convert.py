@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ..errors import CheckpointError, SamoyedsError
 from ..format import QUANT_METHOD, Pattern, compress, decompress, prune, quantization_config, quantize
+from ..format.fp8_blocks import block_size
 from .architectures import Architecture, architecture_of
 from .calibration import Calibration, LayerResult, prune_layers
 from .checkpoint_io import (
@@ -36,7 +37,7 @@ from .checkpoint_io import (
     read_config,
     staged_dirs,
 )
-from .fp8_blocks import Fp8BlockReader, block_size
+from .fp8_blocks import Fp8BlockReader
 from .fused_experts import FusingWriter, PerExpertReader, per_expert
 from .pruning import CALIBRATED, METHODS
 

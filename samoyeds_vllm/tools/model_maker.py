@@ -21,9 +21,10 @@ from tqdm import tqdm
 
 from ..errors import SamoyedsError
 from ..format import Pattern, quantization_config
+from ..format.fp8_blocks import SCALE_SUFFIX, block_size
 from .architectures import ARCHITECTURES, DOWN, Architecture, architecture_of
 from .checkpoint_io import DEFAULT_MAX_SHARD_BYTES, DTYPES, ShardedWriter, check_output_dir, staged_dirs
-from .fp8_blocks import SCALE_SUFFIX, block_size, fp8_block_config, quantize_blocks
+from .fp8_blocks import fp8_block_config, quantize_blocks
 from .presets import load_preset, preset_family
 from .tokenizer import build_tokenizer
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import MAX_TOKENS, PROMPTS, hf_greedy_tokens, read_checkpoint, run_engine
+from helpers import MAX_TOKENS, PROMPTS, fp8_experts_only, hf_greedy_tokens, rewrite_checkpoint, run_engine
 
 from samoyeds_vllm.format import Pattern
 from samoyeds_vllm.tools.convert import convert
@@ -142,21 +142,6 @@ def test_kimi_k2_checkpoint_serves_as_deepseek_v3(tiny_models, tmp_path, deepsee
     convert(kimi, tmp_path / "kimi-sparse", Pattern.parse("samoyeds"), progress=False)
     tokens, _ = run_engine(tmp_path / "kimi-sparse", *TORCH_ROTARY, env=DEEPSEEK_ON_CPU)
     assert tokens == deepseek_v3_tokens
-
-
-def rewrite_checkpoint(src: Path, dst: Path, edit) -> Path:
-    """Copy a checkpoint, letting `edit(tensors, config)` change its tensors and config."""
-    import shutil
-
-    from safetensors.torch import save_file
-
-    shutil.copytree(src, dst)
-    tensors = read_checkpoint(dst)
-    config = json.loads((dst / "config.json").read_text())
-    edit(tensors, config)
-    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    (dst / "config.json").write_text(json.dumps(config))
-    return dst
 
 
 def test_load_errors_name_the_tensor(converted, tmp_path):
@@ -314,3 +299,62 @@ def test_fp8_values_on_load_match_converting_first(tiny_models, tmp_path):
     overrides = json.dumps({"quantization_config": {"quant_method": "samoyeds", "values": "float8_e4m3fn"}})
     tokens, _ = run_engine(tiny_models["qwen3_moe"], "--quantization", "samoyeds", "--hf-overrides", overrides)
     assert tokens == converted_tokens
+
+
+# ------------------------------------------------------------------------- sparsify on load from FP8 blocks
+
+
+@pytest.fixture(scope="module")
+def fp8_experts(fp8_converted, tmp_path_factory):
+    dense, _, _ = fp8_converted
+    return rewrite_checkpoint(dense, tmp_path_factory.mktemp("fp8-experts") / "model", fp8_experts_only)
+
+
+@pytest.mark.parametrize("values", [None, "float8_e4m3fn"])
+def test_fp8_checkpoint_on_load_matches_converting_it(fp8_experts, tmp_path, values):
+    """--quantization samoyeds on an FP8 block-quantized checkpoint: its experts dequantized, pruned and packed
+    on load (FP8 values asked by adding `values` to its quantization_config) give the tokens of the checkpoint
+    converted first."""
+    from samoyeds_vllm.format import VALUE_TYPES
+
+    sparse = tmp_path / "converted"
+    convert(fp8_experts, sparse, Pattern.parse("samoyeds"), values=VALUE_TYPES.get(values), progress=False)
+    converted_tokens, _ = run_engine(sparse)
+    extra = ()
+    if values:
+        quant = json.loads((fp8_experts / "config.json").read_text())["quantization_config"]
+        extra = ("--hf-overrides", json.dumps({"quantization_config": dict(quant, values=values)}))
+    tokens, log = run_engine(fp8_experts, "--quantization", "samoyeds", *extra)
+    assert "quantization=samoyeds" in log
+    assert tokens == converted_tokens
+
+
+def test_fp8_checkpoint_damaged_scales_are_refused(fp8_experts, tmp_path):
+    def drop_scale(tensors, config):
+        del tensors["model.layers.1.mlp.experts.6.up_proj.weight_scale_inv"]
+
+    _, log = run_engine(
+        rewrite_checkpoint(fp8_experts, tmp_path / "no-scale", drop_scale), "--quantization", "samoyeds",
+        expect_ok=False,
+    )  # fmt: skip
+    assert "model.layers.1.mlp.experts: the checkpoint has no tensor for expert 6 w3 (weight_scale_inv)" in log
+
+    def cut_scale(tensors, config):
+        name = "model.layers.0.mlp.experts.3.down_proj.weight_scale_inv"
+        tensors[name] = tensors[name][:, :1].contiguous()
+
+    _, log = run_engine(
+        rewrite_checkpoint(fp8_experts, tmp_path / "cut-scale", cut_scale), "--quantization", "samoyeds",
+        expect_ok=False,
+    )  # fmt: skip
+    assert "(expert 3, w2): block scales of shape (1, 1) and dtype torch.float32, expected (1, 2) floats" in log
+
+    def unquantized_expert(tensors, config):
+        name = "model.layers.0.mlp.experts.1.gate_proj.weight"
+        tensors[name] = tensors[name].to(torch.float32)
+
+    _, log = run_engine(
+        rewrite_checkpoint(fp8_experts, tmp_path / "bf16", unquantized_expert), "--quantization", "samoyeds",
+        expect_ok=False,
+    )  # fmt: skip
+    assert "(expert 1, w1): dtype torch.float32, but the checkpoint's quantization_config says FP8" in log

@@ -26,9 +26,10 @@ from samoyeds_vllm.bench.quant import (
 from samoyeds_vllm.cli import _token_counts, build_parser, main
 from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.format import Pattern, compress, prune
+from samoyeds_vllm.format.fp8_blocks import BLOCK as FP8_BLOCK
+from samoyeds_vllm.format.fp8_blocks import dequantize_blocks
 from samoyeds_vllm.tools.architectures import MoEShape
-from samoyeds_vllm.tools.fp8_blocks import BLOCK as FP8_BLOCK
-from samoyeds_vllm.tools.fp8_blocks import dequantize_blocks, quantize_blocks
+from samoyeds_vllm.tools.fp8_blocks import quantize_blocks
 from samoyeds_vllm.tools.moe_problem import _prune_and_pack, make_problem
 
 # --- weight formats -------------------------------------------------------------------------------------------

@@ -207,7 +207,8 @@ def test_fp8_values_and_fp8_block_input(tmp_path):
     """--values fp8 writes format version 2 (values, scales, the quantization error in the report); an FP8
     block-quantized input converts exactly as the dense checkpoint it stands for."""
     from samoyeds_vllm.format import FP8
-    from samoyeds_vllm.tools.fp8_blocks import Fp8BlockReader, block_size
+    from samoyeds_vllm.format.fp8_blocks import block_size
+    from samoyeds_vllm.tools.fp8_blocks import Fp8BlockReader
     from samoyeds_vllm.tools.model_maker import make_model
 
     block = make_model("qwen3_moe", "tiny", tmp_path / "block", fp8_block=True, dtype="bfloat16")

@@ -282,3 +282,123 @@ def test_expert_op_fake_and_schema():
     weights, ids = route(torch.randn(5, 4, generator=gen), Routing(2, False))
     args = (x, weights, ids, *p13, *p2, pattern.name, pattern.segment)
     torch.library.opcheck(torch.ops.samoyeds.moe_experts.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+# ------------------------------------------------------------------------- sparsify on load from FP8 blocks
+
+FP8_BLOCK_CONFIG = {
+    "quant_method": "fp8",
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "weight_block_size": [128, 128],
+    "modules_to_not_convert": ["model.layers.0.mlp.gate", *(f"model.layers.1.self_attn.{p}_proj" for p in "qkv")],
+}
+
+
+def test_fp8_checkpoint_config_keeps_vllms_fp8_for_all_but_the_experts(monkeypatch):
+    """`--quantization samoyeds` on an FP8 block checkpoint: vLLM lets this config claim it, and every layer but
+    the routed experts gets the method vLLM's own Fp8Config gives it (skipped modules stay unquantized)."""
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.linear import QKVParallelLinear, ReplicatedLinear, UnquantizedLinearMethod
+    from vllm.model_executor.layers.quantization import fp8
+
+    assert SamoyedsConfig.override_quantization_method(FP8_BLOCK_CONFIG, "samoyeds") == "samoyeds"
+    assert SamoyedsConfig.override_quantization_method(FP8_BLOCK_CONFIG, None) is None  # plain fp8 stays fp8
+    assert SamoyedsConfig.override_quantization_method({"quant_method": "awq"}, "samoyeds") is None
+    config = SamoyedsConfig.from_config(dict(FP8_BLOCK_CONFIG, pattern="2:4"))
+    assert not config.packed and config.pattern == Pattern.parse("2:4") and config.values is None
+    assert config.fp8.weight_block_size == [128, 128] and config.expert_suffixes == {"weight", "weight_scale_inv"}
+    config.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}  # as vLLM sets it for Qwen3
+    # Fp8LinearMethod reads the model's dtype from the engine's config
+    engine = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16))
+    monkeypatch.setattr(fp8, "get_current_vllm_config", lambda: engine)
+    methods = {
+        prefix: type(config.get_quant_method(object.__new__(cls), prefix))
+        for cls, prefix in [
+            (QKVParallelLinear, "model.layers.0.self_attn.qkv_proj"),
+            (QKVParallelLinear, "model.layers.1.self_attn.qkv_proj"),
+            (ReplicatedLinear, "model.layers.0.mlp.gate"),
+            (Attention, "model.layers.0.self_attn.attn"),
+        ]
+    }
+    assert list(methods.values()) == [
+        fp8.Fp8LinearMethod, UnquantizedLinearMethod, UnquantizedLinearMethod, fp8.Fp8KVCacheMethod
+    ]  # fmt: skip
+    assert isinstance(
+        SamoyedsConfig().get_quant_method(object.__new__(QKVParallelLinear), "x"), UnquantizedLinearMethod
+    )
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"weight_block_size": None}, "FP8 checkpoints quantized in blocks"),
+        ({"weight_block_size": [128]}, "weight_block_size \\[128\\] is not two positive integers"),
+        ({"format_version": 1}, "format_version \\(packed experts\\) cannot describe an FP8 block-quantized"),
+    ],
+)
+def test_fp8_checkpoint_configs_refused(changes, words):
+    with pytest.raises(ValueError, match=words):
+        SamoyedsConfig.from_config(dict(FP8_BLOCK_CONFIG, **changes))
+
+
+def fp8_experts_layer(tensors, layer, pattern, dtype=torch.float32):
+    """A method and layer holding one experts layer of a block-quantized checkpoint as vLLM's loader leaves them:
+    w13 the gate then the up projection of each expert, their scales likewise."""
+    experts = sorted({int(n.split(".")[5]) for n in tensors if f"layers.{layer}.mlp.experts." in n})
+
+    def stacked(projections, suffix):
+        name = f"model.layers.{layer}.mlp.experts.{{}}.{{}}.{suffix}"
+        return torch.stack([torch.cat([tensors[name.format(e, p)] for p in projections]) for e in experts])
+
+    module = torch.nn.Module()
+    module.layer_name = f"model.layers.{layer}.mlp.experts"
+    module.moe_config = SimpleNamespace(in_dtype=dtype)
+    for name, projections in (("w13", ("gate_proj", "up_proj")), ("w2", ("down_proj",))):
+        for suffix in ("weight", "weight_scale_inv"):
+            module.register_parameter(f"{name}_{suffix}", torch.nn.Parameter(stacked(projections, suffix), False))
+    method = object.__new__(moe_method.SamoyedsMoEMethod)
+    method.pattern, method.packed, method.values, method.fp8_block, method.params_dtype = pattern, False, None, (
+        128, 128), dtype  # fmt: skip
+    method.dense_shapes = {name: tuple(getattr(module, f"{name}_weight").shape) for name in ("w13", "w2")}
+    return method, module
+
+
+def test_fp8_experts_on_load_are_packed_as_the_converter_packs_them(tmp_path):
+    """The loaded FP8 experts, dequantized with their block scales, pruned and packed: bit for bit the converter's
+    tensors for the same checkpoint."""
+    from helpers import read_checkpoint
+
+    from samoyeds_vllm.tools.convert import convert
+    from samoyeds_vllm.tools.model_maker import make_model
+
+    model = make_model("qwen3_moe", "tiny", tmp_path / "fp8", fp8_block=True)
+    pattern = Pattern.parse("samoyeds", 64)
+    convert(model, tmp_path / "sparse", pattern, progress=False)
+    method, layer = fp8_experts_layer(read_checkpoint(model), 1, pattern)
+    method.process_weights_after_loading(layer)
+    assert not hasattr(layer, "w13_weight_scale_inv") and not hasattr(layer, "w2_weight")
+    converted = read_checkpoint(tmp_path / "sparse")
+    for name, projections in (("w13", ("gate_proj", "up_proj")), ("w2", ("down_proj",))):
+        for part in ("values", "meta", "rowsel"):
+            suffix = SUFFIXES[part]
+            by_expert = [
+                torch.cat([converted[f"model.layers.1.mlp.experts.{e}.{p}.{suffix}"] for p in projections])
+                for e in range(8)
+            ]
+            assert torch.equal(getattr(layer, f"{name}_{suffix}"), torch.stack(by_expert)), (name, part)
+
+
+def test_fp8_expert_tensors_checked_as_they_load():
+    layer = SimpleNamespace(moe_config=SimpleNamespace(hidden_dim=128, intermediate_size=256))
+    loaded = []
+    loader = moe_method._checked_loader(layer, None, lambda *args, **kw: loaded.append(args) or True, fp8_block=(
+        128, 128))  # fmt: skip
+    scale = "model.layers.0.mlp.experts.w2_weight_scale_inv"
+    loader(None, torch.ones(1, 2), scale, "w2", 3)
+    loader(None, torch.zeros(256, 128, dtype=torch.float8_e4m3fn), "model.layers.0.mlp.experts.w13_weight", "w1", 3)
+    assert len(loaded) == 2 and layer._samoyeds_loaded == {("scale_inv", "w2", 3), ("weight", "w1", 3)}
+    with pytest.raises(ValueError, match=f"{scale} \\(expert 3, w2\\): block scales of shape \\(2, 2\\)"):
+        loader(None, torch.ones(2, 2), scale, "w2", 3)
+    with pytest.raises(ValueError, match="w13_weight \\(expert 3, w3\\): dtype torch.bfloat16, but the checkpoint"):
+        loader(None, torch.zeros(256, 128, dtype=torch.bfloat16), "model.layers.0.mlp.experts.w13_weight", "w3", 3)
