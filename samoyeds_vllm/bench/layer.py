@@ -102,15 +102,7 @@ def bench_moe(
     variants = our_variants(pattern, dtype, fp8)
     ceilings = measure_ceilings()
     result = {
-        "shape": shape_name,
-        **asdict(shape),
-        "pattern": str(pattern),
-        "dtype": str(dtype),
-        "device": torch.cuda.get_device_name(),
-        "date": time.strftime("%Y-%m-%d"),
-        "torch": torch.__version__,
-        "vllm": package_version("vllm"),
-        "host": platform.node(),
+        **run_header(shape_name, shape, pattern, dtype),
         "ceilings": ceilings,
         "paths": {
             **{v.name: {"kind": "ours", "label": v.label} for v in variants},
@@ -193,6 +185,21 @@ def _legacy_keys(row: dict) -> dict:
             speedup=vllm["us"] / ours["us"],
         )
     return keys
+
+
+def run_header(shape_name: str, shape, pattern: Pattern, dtype: torch.dtype) -> dict:
+    """What a layer benchmark's JSON starts with: the layer shape and pattern, the GPU, the date and versions."""
+    return {
+        "shape": shape_name,
+        **asdict(shape),
+        "pattern": str(pattern),
+        "dtype": str(dtype),
+        "device": torch.cuda.get_device_name(),
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "vllm": package_version("vllm"),
+        "host": platform.node(),
+    }
 
 
 def package_version(package: str) -> str | None:

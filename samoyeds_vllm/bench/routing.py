@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import platform
-import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -33,7 +30,7 @@ from ..plugin.routing import Routing, route
 from ..tools.architectures import architecture_of, moe_shape
 from ..tools.moe_problem import MoEProblem, make_problem
 from ..tools.presets import load_preset, preset_family
-from .layer import ours_packed, package_version
+from .layer import ours_packed, run_header
 from .peers import measure
 from .timing import time_cuda_graph_captures
 
@@ -219,15 +216,7 @@ def bench_routing(
     bias = torch.randn(shape.num_experts, generator=gen, device=device) * BIAS_STD  # float32, as vLLM holds it
     specs = {name: make_routing(name, config, bias) for name in routings}
     result = {
-        "shape": shape_name,
-        **asdict(shape),
-        "pattern": str(pattern),
-        "dtype": str(dtype),
-        "device": torch.cuda.get_device_name(),
-        "date": time.strftime("%Y-%m-%d"),
-        "torch": torch.__version__,
-        "vllm": package_version("vllm"),
-        "host": platform.node(),
+        **run_header(shape_name, shape, pattern, dtype),
         "logits": {"distribution": "N(0, 1)", "dtype": str(logits.dtype)},
         "baseline": routings[0],
         "routings": {name: _describe(routing) for name, routing in specs.items()},

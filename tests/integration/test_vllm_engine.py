@@ -329,32 +329,29 @@ def test_fp8_checkpoint_on_load_matches_converting_it(fp8_experts, tmp_path, val
     assert tokens == converted_tokens
 
 
-def test_fp8_checkpoint_damaged_scales_are_refused(fp8_experts, tmp_path):
-    def drop_scale(tensors, config):
-        del tensors["model.layers.1.mlp.experts.6.up_proj.weight_scale_inv"]
+def _drop_scale(tensors, config):
+    del tensors["model.layers.1.mlp.experts.6.up_proj.weight_scale_inv"]
 
-    _, log = run_engine(
-        rewrite_checkpoint(fp8_experts, tmp_path / "no-scale", drop_scale), "--quantization", "samoyeds",
-        expect_ok=False,
-    )  # fmt: skip
-    assert "model.layers.1.mlp.experts: the checkpoint has no tensor for expert 6 w3 (weight_scale_inv)" in log
 
-    def cut_scale(tensors, config):
-        name = "model.layers.0.mlp.experts.3.down_proj.weight_scale_inv"
-        tensors[name] = tensors[name][:, :1].contiguous()
+def _cut_scale(tensors, config):
+    name = "model.layers.0.mlp.experts.3.down_proj.weight_scale_inv"
+    tensors[name] = tensors[name][:, :1].contiguous()
 
-    _, log = run_engine(
-        rewrite_checkpoint(fp8_experts, tmp_path / "cut-scale", cut_scale), "--quantization", "samoyeds",
-        expect_ok=False,
-    )  # fmt: skip
-    assert "(expert 3, w2): block scales of shape (1, 1) and dtype torch.float32, expected (1, 2) floats" in log
 
-    def unquantized_expert(tensors, config):
-        name = "model.layers.0.mlp.experts.1.gate_proj.weight"
-        tensors[name] = tensors[name].to(torch.float32)
+def _unquantized_expert(tensors, config):
+    name = "model.layers.0.mlp.experts.1.gate_proj.weight"
+    tensors[name] = tensors[name].to(torch.float32)
 
-    _, log = run_engine(
-        rewrite_checkpoint(fp8_experts, tmp_path / "bf16", unquantized_expert), "--quantization", "samoyeds",
-        expect_ok=False,
-    )  # fmt: skip
-    assert "(expert 1, w1): dtype torch.float32, but the checkpoint's quantization_config says FP8" in log
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (_drop_scale, "model.layers.1.mlp.experts: the checkpoint has no tensor for expert 6 w3 (weight_scale_inv)"),
+        (_cut_scale, "(expert 3, w2): block scales of shape (1, 1) and dtype torch.float32, expected (1, 2) floats"),
+        (_unquantized_expert, "(expert 1, w1): dtype torch.float32, but the checkpoint's quantization_config says FP8"),
+    ],
+)
+def test_fp8_checkpoint_damaged_scales_are_refused(fp8_experts, tmp_path, damage, message):
+    damaged = rewrite_checkpoint(fp8_experts, tmp_path / damage.__name__, damage)
+    _, log = run_engine(damaged, "--quantization", "samoyeds", expect_ok=False)
+    assert message in log
