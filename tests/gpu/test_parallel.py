@@ -11,6 +11,7 @@ vLLM's offline LLM runs data parallelism as one process per rank, so DP = 2 runs
     python3 -m pytest -q tests/gpu/test_parallel.py
 """
 
+import functools
 import json
 import urllib.request
 
@@ -48,16 +49,21 @@ def models(request, tmp_path_factory):
     return dtype, sparse, pruned
 
 
+@functools.cache
 def expected(models, layout: tuple[str, ...]) -> list[list[int]]:
-    """float32: one GPU's tokens of the sparse model; float16: vLLM's own MoE on the pruned weights, same layout."""
+    """float32: one GPU's tokens of the sparse model; float16: vLLM's own MoE on the pruned weights, same layout.
+    Cached: the layouts share the one-GPU run, and a layout's offline and served tests share its reference."""
     dtype, sparse, pruned = models
     if dtype == "float32":
-        return run_engine(sparse, dtype=dtype, env=ONE_GPU)[0]
-    return (
-        served_tokens(pruned, dtype, layout)
-        if "--data-parallel-size" in layout
-        else run_engine(pruned, *layout, dtype=dtype)[0]
-    )
+        return one_gpu_tokens(sparse, dtype)
+    if "--data-parallel-size" in layout:
+        return served_tokens(pruned, dtype, layout)
+    return run_engine(pruned, *layout, dtype=dtype)[0]
+
+
+@functools.cache
+def one_gpu_tokens(model, dtype: str) -> list[list[int]]:
+    return run_engine(model, dtype=dtype, env=ONE_GPU)[0]
 
 
 def served_tokens(model, dtype: str, layout: tuple[str, ...]) -> list[list[int]]:
