@@ -11,9 +11,11 @@ constexpr int SLAB_ROWS = 16;      // condensed weight rows per warp in a slab (
 constexpr int TILE_ROWS = 64;      // rows of a tile of the stored values and metadata (tiles.cuh, tiled_offset)
 
 // The warp-specialised Hopper kernel (gemm_ws.cuh): pipeline depth by token-tile width, 4 x 52 KB (64 tokens) or
-// 3 x 68 KB (128) of shared memory, one block per SM.
+// 3 x 68 KB (128) of shared memory, one block per SM; FP8 values halve the A tile: 6 x 36 KB or 4 x 52 KB.
 constexpr int WS_STAGES_BN64 = 4;
 constexpr int WS_STAGES_BN128 = 3;
+constexpr int WS_STAGES_BN64_FP8 = 6;
+constexpr int WS_STAGES_BN128_FP8 = 4;
 constexpr int WS_CONSUMERS = 2;    // MMA warpgroups per block, besides the copying one
 constexpr int WS_SLAB = 64;        // condensed rows per m64 wgmma tile; each MMA warpgroup owns two
 

@@ -24,21 +24,6 @@
 
 namespace samoyeds {
 
-// FP8 values: the A fragment of k-step ks (mma.sp m16n8k32: a[0] row g, compressed columns 2t, 2t + 1; a[1] row
-// g + 8, the same; a[2], a[3] columns 2t + 8, 2t + 9) from this thread's 16 bytes of rows g and g + 8
-// (rows[0], rows[1]). kernels/weights.py stores each row's 64 values of a stage in the order (t, ks, the four
-// columns), so the 4 bytes of one k-step are word ks of the chunk: one 16-byte shared load per row and stage
-// instead of ldmatrix, which moves 16-bit elements.
-template <typename T>
-__device__ __forceinline__ void fp8_fragment(unsigned (&a)[4], const uint4 (&rows)[2], int ks) {
-  const unsigned g_row = ks == 0 ? rows[0].x : ks == 1 ? rows[0].y : ks == 2 ? rows[0].z : rows[0].w;
-  const unsigned g8_row = ks == 0 ? rows[1].x : ks == 1 ? rows[1].y : ks == 2 ? rows[1].z : rows[1].w;
-  a[0] = fp8x2_to<T, false>(g_row);
-  a[1] = fp8x2_to<T, false>(g8_row);
-  a[2] = fp8x2_to<T, true>(g_row);
-  a[3] = fp8x2_to<T, true>(g8_row);
-}
-
 // A block has WARPS = 4 or 8 warps; each warp owns MT m16 tiles of weight rows (the same 16 rows of gate and of up
 // for GATE_UP, so MT = 2 there; two stacked 16-row tiles for GEMM 2 on wide batches) and all BN tokens of the
 // token tile, so every B fragment read from shared memory feeds MT mma.sp. The block's A tile is MT slabs of
@@ -225,7 +210,7 @@ __device__ __forceinline__ void moe_gemm_body(
         // unswizzled, so its chunk 4 (ks % 2) is that address; the tensor cores apply the swizzle to the rest).
         const unsigned long long desc = sw128_desc(&s.b.chunk[BTile<BN>::at(0, ks * 4)]);
 #pragma unroll
-        for (int h = 0; h < MT; ++h) wgmma_sp_n64<T>(acc[h], a[h], desc, e[h]);
+        for (int h = 0; h < MT; ++h) wgmma_sp_rs<T, BN>(acc[h], a[h], desc, e[h]);
       } else {
 #pragma unroll
         for (int j = 0; j < NT; ++j) {

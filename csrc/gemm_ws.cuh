@@ -8,6 +8,10 @@
 // wgmmas that read a stage are done), so the copies of later stages run while the tensor cores work, and the two
 // MMA warpgroups overlap one's fold and drain with the other's wgmmas. A and B are both read by the tensor cores
 // from the 128-byte-swizzled tiles of tiles.cuh through descriptors; only the metadata passes through registers.
+// FP8 values: the copier moves half the weight bytes (its copies are what the MMA warpgroups wait on:
+// docs/benchmarks.md), and each MMA warpgroup turns its rows into exact T fragments in registers (fp8_fragment)
+// for wgmma.sp with A in registers and scales its output rows in the epilogue, as moe_gemm does; the MMAs stay
+// T x T.
 // The blocks are persistent (one per SM), so the copier fills the next work item's stages while the MMA
 // warpgroups run an epilogue. What both GEMM kernels share is written once: the tiles and the split-K range
 // (tiles.cuh), the operands (operands.cuh), the samoyeds fold (fold.cuh) and the epilogue (epilogue.cuh). The stage
@@ -28,9 +32,11 @@ namespace samoyeds {
 namespace ws {
 constexpr int CONSUMERS = WS_CONSUMERS;  // MMA warpgroups per block
 constexpr int THREADS = 128 * (CONSUMERS + 1);
-// Pipeline depth by token-tile width (config.cuh); each stage is handed over by the arrivals its copies trigger
-// when they land, so every free stage is in flight.
-template <int BN> constexpr int STAGES = BN == 64 ? WS_STAGES_BN64 : WS_STAGES_BN128;
+// Pipeline depth by token-tile width and value bytes (config.cuh); each stage is handed over by the arrivals its
+// copies trigger when they land, so every free stage is in flight.
+template <int BN, bool FP8>
+constexpr int STAGES =
+    BN == 64 ? (FP8 ? WS_STAGES_BN64_FP8 : WS_STAGES_BN64) : (FP8 ? WS_STAGES_BN128_FP8 : WS_STAGES_BN128);
 // Registers per thread after setmaxnreg: the block's launch allocation (384 threads x the launch-bounds cap of
 // 168) split between the roles; ptxas spills least with these (nvcc 13.0).
 constexpr int COPY_REGS = 64;
@@ -56,12 +62,14 @@ template <int BN> struct ItemInfo {
   int slot[BN];      // output row of each token column (GATE_UP: its sorted position); -1 for padding
   float weight[BN];  // routing weight of each column (1 for GATE_UP)
   int row_block, n_rows;
+  int expert;        // FP8 values: whose output-row scales the epilogue applies
 };
 
-template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP>
+template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP>
 __device__ __forceinline__ void moe_gemm_ws_body(
-    const T* __restrict__ x, const T* __restrict__ values, const int16_t* __restrict__ meta,
-    const uint8_t* __restrict__ rowsel, T* __restrict__ out, float* __restrict__ partial,
+    const T* __restrict__ x, const typename ValueOf<T, FP8>::type* __restrict__ values,
+    const int16_t* __restrict__ meta, const uint8_t* __restrict__ rowsel, const float* __restrict__ scale,
+    T* __restrict__ out, float* __restrict__ partial,
     const int* __restrict__ tile_expert, const int* __restrict__ tile_start, const int* __restrict__ tile_rows,
     const int* __restrict__ sorted_slot, const float* __restrict__ slot_weight, int R, int K, int top_k, int N_out,
     int slots,            // the arguments of moe_gemm_body, then:
@@ -72,9 +80,9 @@ __device__ __forceinline__ void moe_gemm_ws_body(
   constexpr int MT = 2, NT = BN / 8, SLAB = WS_SLAB;
   constexpr int SLABS = CONSUMERS * MT;
   constexpr int A_ROWS = SLABS * SLAB;
-  constexpr int STAGES_WS = ws::STAGES<BN>;
+  constexpr int STAGES_WS = ws::STAGES<BN, FP8>;
   constexpr int SEGS = BK / V, SEG_STEPS = V / 32;
-  using StageT = Stage<BN, A_ROWS>;
+  using StageT = Stage<BN, A_ROWS, FP8 ? 1 : 2>;
   using SelWord = typename SelWordOf<SEGS>::type;
   using SelT = SelTile<SAMOYEDS ? SEGS : 1, SAMOYEDS ? A_ROWS : 16>;
   static_assert(BK % V == 0 && V % 32 == 0, "a segment is whole k-steps of one stage");
@@ -115,11 +123,14 @@ __device__ __forceinline__ void moe_gemm_ws_body(
 
   if (warp < 4) {  // ---- the copier warpgroup
     regs_shrink<ws::COPY_REGS>();
-    // A: chunk tid % 8 of rows tid / 8 + 16 j (j < 4) of every slab; the XOR swizzle (row & 7) is the same for all.
-    // meta: one 16-byte chunk per row and stage, rows tid + 128 i. B: chunk tid % 16 of token columns
-    // tid / 16 + 8 j (j < BN / 8), gathered through the routing index. rowsel: one chunk per thread < CHUNKS.
-    const int a_row = tid >> 3, a_chunk = tid & 7, b_col = tid >> 4, b_chunk = tid & 15;
-    const int a_dst = a_row * 8 + (a_chunk ^ (a_row & 7));
+    // A: a row's 64 values of a stage are A_CHUNKS 16-byte chunks (8 of T, 4 of FP8); chunk tid % A_CHUNKS of rows
+    // tid / A_CHUNKS + A_STEP j of every slab, so the XOR swizzle of T tiles (row & 7) is the same for all; FP8
+    // rows stay unswizzled (fp8_fragment reads a whole chunk per thread). meta: one 16-byte chunk per row and
+    // stage, rows tid + 128 i. B: chunk tid % 16 of token columns tid / 16 + 8 j (j < BN / 8), gathered through
+    // the routing index. rowsel: one chunk per thread < CHUNKS.
+    constexpr int A_CHUNKS = FP8 ? 4 : 8, A_STEP = 128 / A_CHUNKS;
+    const int a_row = tid / A_CHUNKS, a_chunk = tid % A_CHUNKS, b_col = tid >> 4, b_chunk = tid & 15;
+    const int a_dst = a_row * A_CHUNKS + (FP8 ? a_chunk : a_chunk ^ (a_row & 7));
     const int n_seg = K / V;
     int stage = 0;  // stages issued over all items
     int item = 0;   // items handed to the MMA warpgroups
@@ -139,8 +150,8 @@ __device__ __forceinline__ void moe_gemm_ws_body(
       // One base address each for A and meta (tiled: tiled_offset in tiles.cuh; a slab is one tile, SLAB =
       // TILE_ROWS); the slabs sit at fixed tile offsets from the first (few registers here: the copier runs on
       // COPY_REGS).
-      const T* a_src =
-          values + tiled_offset<64>(expert_rows + slab_row(rb, 0), kt_begin, K) + a_row * 64 + a_chunk * 8;
+      const auto* a_src = values + tiled_offset<64>(expert_rows + slab_row(rb, 0), kt_begin, K) + a_row * 64 +
+                          a_chunk * (64 / A_CHUNKS);
       const int16_t* m_src =
           meta + tiled_offset<8>(expert_rows + slab_row(rb, tid / SLAB), kt_begin, K) + (tid % SLAB) * 8;
       auto slab_offset = [&](int q) { return slab_row(rb, q) - slab_row(rb, 0); };
@@ -171,7 +182,7 @@ __device__ __forceinline__ void moe_gemm_ws_body(
         info.slot[tid] = slot;
         info.weight[tid] = weight;
       }
-      if (tid == 0) info.row_block = rb, info.n_rows = n_rows;
+      if (tid == 0) info.row_block = rb, info.n_rows = n_rows, info.expert = expert;
       mbar_arrive(&item_full[item & 1]);
       ++item;
       copier_sync();
@@ -183,10 +194,10 @@ __device__ __forceinline__ void moe_gemm_ws_body(
 #pragma unroll
         for (int q = 0; q < SLABS; ++q)
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            cp_async16(&s.a.chunk[a_dst + (q * SLAB + 16 * j) * 8],
+          for (int j = 0; j < SLAB / A_STEP; ++j)
+            cp_async16(&s.a.chunk[a_dst + (q * SLAB + A_STEP * j) * A_CHUNKS],
                        a_src + (size_t)(slab_offset(q) / SLAB) * (K / BK) * (SLAB * 64) + kt * (SLAB * 64) +
-                           16 * j * 64,
+                           A_STEP * j * 64,
                        16);
 #pragma unroll
         for (int i = 0; i < A_ROWS / 128; ++i)  // row tid + 128 i: slab tid / 64 + 2 i
@@ -241,9 +252,14 @@ __device__ __forceinline__ void moe_gemm_ws_body(
         // Metadata of the warp's rows g and g + 8 for the stage's 4 k-steps: one 16-byte row each, and k-step ks
         // takes halfword 2 ks + (t & 1) of both (lanes 4g, 4g + 1 carry inputs 0-15 and 16-31 of the step).
         unsigned e[MT][4];
+        [[maybe_unused]] uint4 a8[MT][2];  // FP8: rows g and g + 8 of each m tile, this thread's 16 bytes
 #pragma unroll
         for (int h = 0; h < MT; ++h) {
           const int mr = (consumer * MT + h) * SLAB + wrow0 + g;
+          if constexpr (FP8) {
+            a8[h][0] = s.a.chunk[mr * 4 + t];
+            a8[h][1] = s.a.chunk[(mr + 8) * 4 + t];
+          }
           const uint4 lo = *reinterpret_cast<const uint4*>(&s.meta.half[mr * 8]);
           const uint4 hi = *reinterpret_cast<const uint4*>(&s.meta.half[(mr + 8) * 8]);
           const unsigned pick = (t & 1) ? 0x7632 : 0x5410;
@@ -254,8 +270,13 @@ __device__ __forceinline__ void moe_gemm_ws_body(
         }
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-          if (ks % SEG_STEPS == 0) {  // a segment starts (2:4: the stage)
-            if constexpr (SAMOYEDS) {
+          [[maybe_unused]] unsigned a[MT][4];  // FP8: this k-step's A fragments
+          if constexpr (FP8) {
+#pragma unroll
+            for (int h = 0; h < MT; ++h) fp8_fragment<T>(a[h], a8[h], ks);
+          }
+          if (FP8 || ks % SEG_STEPS == 0) {  // new A registers, or a segment starts (2:4: the stage)
+            if (SAMOYEDS && ks % SEG_STEPS == 0) {
               if (ks > 0) wgmma_drain(acc);  // V < 128: the segment before, in this stage, must finish first
               fold_segment(acc, acc_odd, sel, kept_odd, ks / SEG_STEPS);
             }
@@ -267,9 +288,13 @@ __device__ __forceinline__ void moe_gemm_ws_body(
           // ks / 2; row 0 of each tile is unswizzled, so those are the start addresses.
           const unsigned long long b_desc = sw128_desc(&s.b.chunk[BTile<BN>::at(0, ks * 4)]);
 #pragma unroll
-          for (int h = 0; h < MT; ++h)
-            wgmma_sp_ss<T, BN>(acc[h], sw128_desc(&s.a.chunk[(consumer * MT + h) * SLAB * 8 + ks * 2]),
-                               b_desc, e[h][ks]);
+          for (int h = 0; h < MT; ++h) {
+            if constexpr (FP8)
+              wgmma_sp_rs<T, BN>(acc[h], a[h], b_desc, e[h][ks]);
+            else
+              wgmma_sp_ss<T, BN>(acc[h], sw128_desc(&s.a.chunk[(consumer * MT + h) * SLAB * 8 + ks * 2]),
+                                 b_desc, e[h][ks]);
+          }
         }
         wgmma_drain(acc);
         mbar_arrive(&empty[slot]);
@@ -278,6 +303,9 @@ __device__ __forceinline__ void moe_gemm_ws_body(
       int crow[MT];
 #pragma unroll
       for (int h = 0; h < MT; ++h) crow[h] = slab_row(rb, consumer * MT + (GATE_UP ? 0 : h)) + wrow0;
+      if constexpr (FP8)
+        scale_rows<SAMOYEDS, GATE_UP>(acc, acc_odd, crow, lane,
+                                      scale + (size_t)info.expert * (GATE_UP ? 2 : 1) * N_out, N_out);
       store_tile<T, SAMOYEDS, GATE_UP>(
           acc, acc_odd, crow, lane, [&](int n) { return info.slot[n]; },
           [&](int n, int) { return info.weight[n]; }, out, partial, N_out, slots);
@@ -289,12 +317,13 @@ __device__ __forceinline__ void moe_gemm_ws_body(
 
 // The kernel: as moe_gemm, the operands as restrict-qualified arguments of the body; work items are (token tile,
 // row block) pairs, row blocks of CONSUMERS x MT x 64 condensed rows (per half for GATE_UP).
-template <typename T, bool SAMOYEDS, int V, int BN, bool GATE_UP>
+template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP>
 __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(const __grid_constant__ MoEParams p) {
   const GemmOperands<T, GATE_UP> op{p};
   const int row_blocks = (GATE_UP ? op.R() / 2 : op.R()) / (ws::CONSUMERS * (GATE_UP ? 1 : 2) * WS_SLAB);
-  moe_gemm_ws_body<T, SAMOYEDS, V, BN, GATE_UP>(
-      op.x(), op.values(), op.meta(), op.rowsel(), op.out(), op.partial(), p.tile_expert, p.tile_start, p.tile_rows,
+  moe_gemm_ws_body<T, FP8, SAMOYEDS, V, BN, GATE_UP>(
+      op.x(), op.template values<typename ValueOf<T, FP8>::type>(), op.meta(), op.rowsel(), op.scale(), op.out(),
+      op.partial(), p.tile_expert, p.tile_start, p.tile_rows,
       p.sorted_slot, p.topk_weights, op.R(), op.K(), p.top_k, op.N_out(), p.slots, row_blocks, p.num_tiles);
 }
 

@@ -9,7 +9,7 @@ namespace samoyeds {
 // One projection of every expert, packed (format version 1, samoyeds_vllm/format/packing.py).
 struct PackedExperts {
   const void* values;            // [E, R, K/2] the kept values: the activations' dtype, or FP8 e4m3 bytes in the
-                                 // order of fp8_fragments (gemm_mma.cuh; kernels/weights.py makes it)
+                                 // order of fp8_fragment (tiles.cuh; kernels/weights.py makes it)
   const short* meta;             // [E, R, K/16] ordered sparse-MMA metadata, 4 nibbles per 16 inputs
   const unsigned char* rowsel;   // [E, R, K/V] samoyeds row selections stored segment-major; null for 2:4
   const float* scale;            // [E, output rows] FP8 values: each dense output row's scale; null otherwise

@@ -86,12 +86,12 @@ __device__ __forceinline__ void mma_sp(float (&d)[4], const unsigned (&a)[4], co
       "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]),                  \
       "+f"(d[15][3])
 
-// Hopper (sm_90a): the same product for a whole warpgroup, 64 weight rows x 64 tokens x 32 inputs, issued
-// asynchronously. A from registers (each warp its 16 rows, the mma.sp fragment), B (64 tokens x 32 inputs) read
+// Hopper (sm_90a): the same product for a whole warpgroup, 64 weight rows x N tokens x 32 inputs, issued
+// asynchronously. A from registers (each warp its 16 rows, the mma.sp fragment), B (N tokens x 32 inputs) read
 // by the tensor cores from 128-byte-swizzled shared memory through a descriptor; D is exactly the mma.sp
-// accumulators of the warp's 8 n8 tiles. Needs wgmma_fence() after other instructions touched a or d, and
+// accumulators of the warp's N / 8 n8 tiles. Needs wgmma_fence() after other instructions touched a or d, and
 // commit / wait before d is read.
-#define SAMOYEDS_WGMMA_SP_N64(TYPE)                                                                             \
+#define SAMOYEDS_WGMMA_SP_RS_N64(TYPE)                                                                          \
   asm volatile(                                                                                                 \
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                               \
       "wgmma.mma_async.sp.sync.aligned.m64n64k32.f32." TYPE "." TYPE " "                                         \
@@ -99,14 +99,27 @@ __device__ __forceinline__ void mma_sp(float (&d)[4], const unsigned (&a)[4], co
       "%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, %37, 0, p, 1, 1, 0;\n}\n"                                      \
       : SAMOYEDS_D_0_7                                                                                          \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(e))
+#define SAMOYEDS_WGMMA_SP_RS_N128(TYPE)                                                                         \
+  asm volatile(                                                                                                 \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                               \
+      "wgmma.mma_async.sp.sync.aligned.m64n128k32.f32." TYPE "." TYPE " "                                        \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"  \
+      "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,"     \
+      "%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, %69, 0, p, 1, 1, 0;\n}\n"           \
+      : SAMOYEDS_D_0_7, SAMOYEDS_D_8_15                                                                         \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(e))
 
-template <typename T>
-__device__ __forceinline__ void wgmma_sp_n64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long b_desc,
-                                             unsigned e) {
-  if constexpr (IS_BF16<T>) SAMOYEDS_WGMMA_SP_N64("bf16");
-  else SAMOYEDS_WGMMA_SP_N64("f16");
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_sp_rs(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b_desc,
+                                            unsigned e) {
+  static_assert(N == 64 || N == 128, "token tiles of 64 or 128");
+  if constexpr (N == 64 && IS_BF16<T>) SAMOYEDS_WGMMA_SP_RS_N64("bf16");
+  else if constexpr (N == 64) SAMOYEDS_WGMMA_SP_RS_N64("f16");
+  else if constexpr (IS_BF16<T>) SAMOYEDS_WGMMA_SP_RS_N128("bf16");
+  else SAMOYEDS_WGMMA_SP_RS_N128("f16");
 }
-#undef SAMOYEDS_WGMMA_SP_N64
+#undef SAMOYEDS_WGMMA_SP_RS_N64
+#undef SAMOYEDS_WGMMA_SP_RS_N128
 
 // The same with A (64 rows x 16 compressed values) also read from shared memory through a descriptor, for the
 // warp-specialised kernel: no A registers, so nothing but d and e is tied to an instruction in flight. N = 64 or

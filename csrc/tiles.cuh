@@ -2,8 +2,8 @@
 //
 // A tile: rows x 64 compressed values (128 B = 8 chunks of 16 B); chunk c of row r lives at c ^ (r & 7), so the
 // 8 rows one ldmatrix reads fall in 8 different bank groups, and it is the 128-byte-swizzled K-major layout that
-// wgmma reads through a descriptor (sw128_desc). FP8 values (moe_gemm only) take 64 B per row and stage, unswizzled,
-// in the fragment order of fp8_fragments (gemm_mma.cuh). B tile: BN tokens x 128 inputs in two 64-input panels
+// wgmma reads through a descriptor (sw128_desc). FP8 values take 64 B per row and stage, unswizzled, in the
+// fragment order of fp8_fragment (below). B tile: BN tokens x 128 inputs in two 64-input panels
 // (BTile::at), the same XOR inside each panel. Meta tile: rows x 8 halfwords (the metadata of 128 dense inputs),
 // unswizzled (read as scalars or 16-byte rows). Sel tile (samoyeds): the stage's row selections.
 #pragma once
@@ -54,6 +54,21 @@ template <int SEGS, int A_ROWS> struct SelTile {
     return expert_sel + (size_t)(seg0 + j) * R + slab_start(r / SLAB) + r % SLAB;
   }
 };
+
+// FP8 values: the A fragment of k-step ks (mma.sp m16n8k32: a[0] row g, compressed columns 2t, 2t + 1; a[1] row
+// g + 8, the same; a[2], a[3] columns 2t + 8, 2t + 9) from this thread's 16 bytes of rows g and g + 8
+// (rows[0], rows[1]), for mma.sp and for wgmma.sp with A in registers. kernels/weights.py stores each row's 64 values of a stage in the order (t, ks, the four
+// columns), so the 4 bytes of one k-step are word ks of the chunk: one 16-byte shared load per row and stage
+// instead of ldmatrix, which moves 16-bit elements.
+template <typename T>
+__device__ __forceinline__ void fp8_fragment(unsigned (&a)[4], const uint4 (&rows)[2], int ks) {
+  const unsigned g_row = ks == 0 ? rows[0].x : ks == 1 ? rows[0].y : ks == 2 ? rows[0].z : rows[0].w;
+  const unsigned g8_row = ks == 0 ? rows[1].x : ks == 1 ? rows[1].y : ks == 2 ? rows[1].z : rows[1].w;
+  a[0] = fp8x2_to<T, false>(g_row);
+  a[1] = fp8x2_to<T, false>(g8_row);
+  a[2] = fp8x2_to<T, true>(g_row);
+  a[3] = fp8x2_to<T, true>(g8_row);
+}
 
 // Where the weights are in global memory. Packed values and metadata are stored tiled (kernels/weights.py): each
 // TILE_ROWS-row tile of an expert's rows holds, stage by stage, its rows' PER elements of that stage (64 values, or

@@ -24,7 +24,13 @@ BK = CONSTANTS["BK"]  # dense inputs per pipeline stage
 STAGES = CONSTANTS["STAGES"]  # pipeline depth of moe_gemm
 SLAB_ROWS = CONSTANTS["SLAB_ROWS"]  # condensed weight rows per warp in a slab
 TILE_ROWS = CONSTANTS["TILE_ROWS"]  # rows of a tile of the stored values and metadata (kernels/weights.py)
-WS_STAGES = {64: CONSTANTS["WS_STAGES_BN64"], 128: CONSTANTS["WS_STAGES_BN128"]}  # ws pipeline depth by token tile
+#: ws pipeline depth by (token tile, FP8 values)
+WS_STAGES = {
+    (64, False): CONSTANTS["WS_STAGES_BN64"],
+    (128, False): CONSTANTS["WS_STAGES_BN128"],
+    (64, True): CONSTANTS["WS_STAGES_BN64_FP8"],
+    (128, True): CONSTANTS["WS_STAGES_BN128_FP8"],
+}
 WS_THREADS = 128 * (CONSTANTS["WS_CONSUMERS"] + 1)  # one copying warpgroup and the MMA warpgroups
 MAX_EXPERTS = CONSTANTS["MAX_EXPERTS"]
 ROUTE_THREADS = CONSTANTS["ROUTE_THREADS"]
@@ -90,21 +96,20 @@ class BlockShape:
     def threads(self) -> int:
         return WS_THREADS if self.kind == "ws" else 32 * self.warps
 
-    def stages(self, token_tile: int) -> int:
-        return WS_STAGES[token_tile] if self.kind == "ws" else STAGES
+    def stages(self, token_tile: int, fp8: bool = False) -> int:
+        return WS_STAGES[token_tile, fp8] if self.kind == "ws" else STAGES
 
     def shared_bytes(self, token_tile: int, fp8: bool = False) -> int:
         """Dynamic shared memory: the pipeline's stages, plus 1 KB to align them (aligned_stages in tiles.cuh)."""
-        return self.stages(token_tile) * stage_bytes(token_tile, self.a_rows, 1 if fp8 else 2) + 1024
+        return self.stages(token_tile, fp8) * stage_bytes(token_tile, self.a_rows, 1 if fp8 else 2) + 1024
 
     def kernel_name(
         self, dtype: torch.dtype, pattern: Pattern, token_tile: int, gate_up: bool, fp8: bool = False
     ) -> str:
-        """dtype: the activations'; fp8: the values are FP8 (moe_gemm only)."""
+        """dtype: the activations'; fp8: the values are FP8."""
         samoyeds, segment = pattern_template_args(pattern)
         if self.kind == "ws":
-            assert not fp8, "the ws kernel reads values of the activations' dtype"
-            return template_name("moe_gemm_ws", dtype, samoyeds, segment, token_tile, gate_up)
+            return template_name("moe_gemm_ws", dtype, fp8, samoyeds, segment, token_tile, gate_up)
         return template_name(
             "moe_gemm", dtype, fp8, samoyeds, segment, token_tile, gate_up, self.warps, self.slabs, self.kind == "wgmma"
         )

@@ -212,36 +212,34 @@ def token_tile_heuristic(slots: int, num_experts: int, samoyeds: bool, widest: i
     return widest
 
 
-def token_tiles(samoyeds: bool, hopper: bool, fp8: bool = False) -> tuple[int, ...]:
-    """Every token-tile width a module compiles kernels for (fp8: FP8 values, which the ws kernel does not read)."""
-    return (*NARROW_TILES, WIDE_BN) + ((WS_WIDE_BN,) if hopper and not samoyeds and not fp8 else ())
+def token_tiles(samoyeds: bool, hopper: bool) -> tuple[int, ...]:
+    """Every token-tile width a module compiles kernels for (of either value type)."""
+    return (*NARROW_TILES, WIDE_BN) + ((WS_WIDE_BN,) if hopper and not samoyeds else ())
 
 
-def block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool, fp8: bool = False) -> list[BlockShape]:
+def block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool) -> list[BlockShape]:
     """The block shapes compiled for a token tile, preferred first. GEMM 2 stacks two slabs on wide batches so each
     B fragment feeds two MMAs, as in GEMM 1; decode keeps small 4-warp blocks, so more of them fill the GPU.
     The order is measured (H100, Qwen3 shape, T = 16384, µs of the whole layer; `benchmarks/tune_kernels.py
     --search blocks` times it again): ws 2049 against wgmma 2221-2331 (samoyeds), 3282 against 3425-3610 (2:4);
     among the wgmma shapes GEMM 1 4 warps 2836 against 8 warps 2896, GEMM 2 2 slabs 2896 against 1 slab 3569;
     mma.sp GEMM 2 2 slabs 3417 against 1 slab 4001, mma.sp GEMM 1 8 warps 3438 against 4 warps 3491 for samoyeds,
-    5214 against 5000 for 2:4. FP8 values run in moe_gemm only (mma.sp, and wgmma with registers A on Hopper)."""
+    5214 against 5000 for 2:4. FP8 values run the same shapes (their A fragments made in registers)."""
     if token_tile < WIDE_BN:
         return [BlockShape("mma", 4, 2 if gate_up else 1)]
     if token_tile == WS_WIDE_BN:
         return [BlockShape("ws", 8, 2)]
     if hopper:  # the warp-specialised kernel where 128-row blocks divide the rows (not Qwen1.5's 704 gate rows)
         wgmma = [BlockShape("wgmma", 4, 2)] + ([] if gate_up else [BlockShape("wgmma", 4, 1)])
-        return wgmma if fp8 else [BlockShape("ws", 8, 2), *wgmma]
+        return [BlockShape("ws", 8, 2), *wgmma]
     if gate_up:
         return [BlockShape("mma", 8, 2), BlockShape("mma", 4, 2)] if samoyeds else [BlockShape("mma", 4, 2)]
     return [BlockShape("mma", 4, 2), BlockShape("mma", 4, 1)]
 
 
-def fitting_block_shapes(
-    token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int, fp8: bool = False
-) -> list[BlockShape]:
+def fitting_block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int) -> list[BlockShape]:
     """The compiled block shapes whose blocks divide the rows (gate/up: the rows of one half), preferred first."""
-    shapes = block_shapes(token_tile, gate_up, samoyeds, hopper, fp8)
+    shapes = block_shapes(token_tile, gate_up, samoyeds, hopper)
     return [shape for shape in shapes if rows % shape.rows(gate_up) == 0]
 
 
@@ -328,17 +326,16 @@ def _plan(
     rows13, rows2 = shape.packed_rows(pattern)
     slots = shape.slots
     if config.token_tile is not None:
-        if config.token_tile not in token_tiles(samoyeds, hopper, fp8):
+        if config.token_tile not in token_tiles(samoyeds, hopper):
             raise SamoyedsError(
                 f"kernel config: token tile {config.token_tile} is not compiled for {pattern} on {device.arch} "
-                f"(tiles: {token_tiles(samoyeds, hopper, fp8)})"
+                f"(tiles: {token_tiles(samoyeds, hopper)})"
             )
         token_tile = config.token_tile
     else:
         ws_wide = (
             hopper
             and not samoyeds  # the 128-token tiles' ws blocks divide the rows of both GEMMs
-            and not fp8
             and bool(fitting_block_shapes(WS_WIDE_BN, True, samoyeds, hopper, rows13 // 2))
             and bool(fitting_block_shapes(WS_WIDE_BN, False, samoyeds, hopper, rows2))
         )
@@ -347,7 +344,7 @@ def _plan(
 
     def gemm(gate_up: bool, gemm_config: GemmConfig) -> GemmPlan:
         rows, k = (rows13 // 2, shape.hidden) if gate_up else (rows2, shape.inter)
-        fitting = fitting_block_shapes(token_tile, gate_up, samoyeds, hopper, rows, fp8)
+        fitting = fitting_block_shapes(token_tile, gate_up, samoyeds, hopper, rows)
         what = "gate/up" if gate_up else "down"
         block = gemm_config.block
         if block is None:
@@ -405,9 +402,9 @@ def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool 
     samoyeds, hopper = pattern.is_samoyeds, arch == "sm_90a"
     names = [
         block.kernel_name(dtype, pattern, bn, gate_up, fp8)
-        for bn in token_tiles(samoyeds, hopper, fp8)
+        for bn in token_tiles(samoyeds, hopper)
         for gate_up in (True, False)
-        for block in block_shapes(bn, gate_up, samoyeds, hopper, fp8)
+        for block in block_shapes(bn, gate_up, samoyeds, hopper)
     ]
     names += [template_name(k) for k in ("build_routing_index", "count_slots", "scatter_slots")]
     names.append(template_name("silu_mul_splits", dtype))

@@ -5,7 +5,7 @@ once, when the plugin loads the weights:
 - values and metadata are tiled: [E, R / 64, K / 128, 64, PER] (PER: the 64 values, or the 8 metadata halfwords,
   of one row and 128-input pipeline stage), so one stage of 64 rows is whole kilobytes of contiguous memory
   (tiled_offset in csrc/tiles.cuh says why). Their five dimensions mark the kernels' layout;
-- FP8 values become uint8 bytes in the order of the mma.sp fragments (csrc/gemm_mma.cuh, fp8_fragment): within
+- FP8 values become uint8 bytes in the order of the mma.sp fragments (csrc/tiles.cuh, fp8_fragment): within
   each row's 64 values of a stage (4 k-steps of 16), thread t's four columns 2t, 2t+1, 2t+8, 2t+9 of each k-step
   come together, so a thread loads a whole stage of its row with one 16-byte read;
 - rowsel [E, R, K/V] is stored segment-major ([E, K/V, R] in memory, same shape and values): the selections of a
@@ -32,8 +32,8 @@ def _segment_major(rowsel: torch.Tensor) -> bool:
 
 
 def fp8_kernel_order(values: torch.Tensor) -> torch.Tensor:
-    """FP8 values [..., R, K/2] as uint8 bytes in the fragment order of csrc/gemm_mma.cuh: per row and stage of 64
-    values (k-step ks, column c = 8 hi + 2 t + lo), byte 16 t + 4 ks + 2 hi + lo."""
+    """FP8 values [..., R, K/2] as uint8 bytes in the fragment order of csrc/tiles.cuh (fp8_fragment): per row and
+    stage of 64 values (k-step ks, column c = 8 hi + 2 t + lo), byte 16 t + 4 ks + 2 hi + lo."""
     *lead, rows, half_k = values.shape
     stages = values.view(torch.uint8).reshape(*lead, rows, half_k // 64, 4, 2, 4, 2)  # (ks, hi, t, lo)
     n = len(lead) + 2

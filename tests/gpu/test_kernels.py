@@ -56,9 +56,10 @@ def test_routings(routing, tokens, pattern):
     check(preset_shape("qwen3-30b-a3b"), PATTERNS[pattern], tokens, routing=routing, seed=1)
 
 
+@pytest.mark.parametrize("values", [None, FP8], ids=["values-bf16", "values-fp8"])
 @pytest.mark.parametrize("shape", ["mixtral-8x7b", "qwen3-30b-a3b"])
-def test_largest_token_count(shape):
-    check(preset_shape(shape), PATTERNS["samoyeds"], 16384, seed=5)
+def test_largest_token_count(shape, values):
+    check(preset_shape(shape), PATTERNS["samoyeds"], 16384, seed=5, values=values)
 
 
 @pytest.mark.parametrize("tokens", [100, 1024])  # narrow token tiles (mma.sp), wide ones (wgmma on Hopper)
@@ -90,12 +91,13 @@ def _every_block_shape(pattern: Pattern, gate_up: bool) -> list[tuple[int, GemmC
     ]
 
 
+@pytest.mark.parametrize("values", [None, FP8], ids=["values-bf16", "values-fp8"])
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_every_block_shape_through_kernel_configs(pattern):
+def test_every_block_shape_through_kernel_configs(pattern, values):
     """Each compiled wide-tile block shape of each GEMM, forced by override_config, is correct (the shapes a tuned
-    table may pick; the heuristics pick only the first)."""
+    table may pick; the heuristics pick only the first), for values of the activations' dtype and FP8 values."""
     shape, pattern = preset_shape("qwen3-30b-a3b"), PATTERNS[pattern]
-    problem = make_problem(shape, pattern, 1024, seed=6)
+    problem = make_problem(shape, pattern, 1024, seed=6, values=values)
     ref = reference(problem)
     for gate_up in (True, False):
         for token_tile, gemm in _every_block_shape(pattern, gate_up):

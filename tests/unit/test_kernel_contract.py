@@ -61,9 +61,9 @@ def compiled_layout(tmp_path_factory) -> dict[str, int]:
             for samoyeds in (True, False)
             for hopper in (True, False)
             for fp8 in (True, False)
-            for bn in token_tiles(samoyeds, hopper, fp8)
+            for bn in token_tiles(samoyeds, hopper)
             for gate_up in (True, False)
-            for shape in block_shapes(bn, gate_up, samoyeds, hopper, fp8)
+            for shape in block_shapes(bn, gate_up, samoyeds, hopper)
         }
     )
     lines = [

@@ -67,28 +67,34 @@ def test_plans_of_the_qwen3_layer_on_an_h100():
     assert prefill.token_tile == 64 and prefill.chunks == 16384 * 8 // 2048
     assert prefill.gate_up.block == BlockShape("ws", 8, 2) and prefill.gate_up.grid[0] == SMS
     assert prefill.gate_up.threads == 384 and prefill.gate_up.shared_bytes == 4 * (64 * 256 + 256 * 144) + 1024
-    assert prefill.gate_up.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, true, 128, 64, true>"
+    assert prefill.gate_up.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, false, true, 128, 64, true>"
     assert prefill.silu_kernel is None and prefill.sum_kernel.endswith(", 8>")
 
     two_four = plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.float16, H100)
     assert (
-        two_four.token_tile == 128 and two_four.down.kernel == "samoyeds::moe_gemm_ws<__half, false, 128, 128, false>"
+        two_four.token_tile == 128
+        and two_four.down.kernel == "samoyeds::moe_gemm_ws<__half, false, false, 128, 128, false>"
     )
     before_hopper = plan_moe(LayerShape(16384, **QWEN3), SAMOYEDS, torch.bfloat16, A100)
     assert before_hopper.gate_up.block == BlockShape("mma", 8, 2)
 
 
-def test_fp8_values_run_moe_gemm_only():
-    """FP8 values: the ws kernel does not read them, so wide tiles take the one-warpgroup wgmma kernel (64 tokens,
-    2:4 too) with half the A tile's shared memory, and names carry the FP8 flag."""
+def test_fp8_values_run_the_same_kernels_with_their_flag():
+    """FP8 values take the same token tiles and block shapes (the ws kernel on Hopper's wide tiles, 128 tokens for
+    2:4), with half the A tile's shared memory, deeper ws pipelines, and names that carry the FP8 flag."""
     prefill = plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.bfloat16, H100, fp8=True)
-    assert prefill.token_tile == 64 and prefill.gate_up.block == BlockShape("wgmma", 4, 2)
-    assert prefill.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, false, 128, 64, true, 4, 2, true>"
-    assert prefill.gate_up.shared_bytes == 3 * (64 * 256 + 128 * 64 + 128 * 16) + 1024
+    assert prefill.token_tile == 128 and prefill.gate_up.block == BlockShape("ws", 8, 2)
+    assert prefill.gate_up.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, true, false, 128, 128, true>"
+    assert prefill.gate_up.shared_bytes == 4 * (128 * 256 + 256 * 64 + 256 * 16) + 1024
+    samoyeds = plan_moe(LayerShape(16384, **QWEN3), SAMOYEDS, torch.bfloat16, H100, fp8=True)
+    assert samoyeds.down.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, true, true, 128, 64, false>"
+    assert samoyeds.down.shared_bytes == 6 * (64 * 256 + 256 * 64 + 256 * 16) + 1024
+    with override_config(KernelConfig(64, GemmConfig("wgmma", 4, 2))):
+        one_warpgroup = plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.bfloat16, H100, fp8=True)
+    assert one_warpgroup.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, false, 128, 64, true, 4, 2, true>"
+    assert one_warpgroup.gate_up.shared_bytes == 3 * (64 * 256 + 128 * 64 + 128 * 16) + 1024
     decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100, fp8=True)
     assert decode.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, true, 128, 8, true, 4, 2, false>"
-    with override_config(KernelConfig(128)), pytest.raises(SamoyedsError, match="token tile 128 is not compiled"):
-        plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.bfloat16, H100, fp8=True)
 
 
 def test_rows_off_the_ws_blocks_fall_back_to_the_one_warpgroup_kernel():
