@@ -1,7 +1,8 @@
 """Offline batched generation with vLLM on a samoyeds sparse MoE model.
 
     python examples/offline_generate.py MODEL_DIR [--prompt TEXT ...] [--max-tokens N] [--compile]
-        [--quantization samoyeds] [--hf-overrides JSON] [--compilation-config JSON] [--json-out FILE]
+        [--quantization samoyeds] [--hf-overrides JSON] [--compilation-config JSON] [--language-model-only]
+        [--json-out FILE]
 
 MODEL_DIR is a checkpoint from `samoyeds-vllm convert` (vLLM picks the samoyeds method from its config.json), or a
 dense one with `--quantization samoyeds` to sparsify on load. Greedy decoding, so runs are reproducible; the tests
@@ -32,6 +33,11 @@ def main() -> None:
     parser.add_argument(
         "--compilation-config", type=json.loads, help='JSON, e.g. {"custom_ops": ["-rotary_embedding"]}'
     )
+    parser.add_argument(
+        "--language-model-only",
+        action="store_true",
+        help="a multimodal model's language model alone: no vision tower, no image processor (text prompts)",
+    )
     parser.add_argument("--json-out", help="write prompts, token ids and texts here")
     args = parser.parse_args()
 
@@ -50,6 +56,7 @@ def main() -> None:
         tensor_parallel_size=args.tensor_parallel_size,
         enable_expert_parallel=args.enable_expert_parallel,
         compilation_config=args.compilation_config,
+        language_model_only=args.language_model_only,
         # vLLM's CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE and wants a low utilisation.
         gpu_memory_utilization=0.9 if torch.cuda.is_available() else 0.3,
     )

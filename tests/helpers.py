@@ -59,11 +59,21 @@ REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["The quick brown fox", "Sparse experts make inference", "Once upon a time, in a land far away"]
 
 
+def hf_model(model_dir: Path, **kwargs):
+    """The transformers model of the class config.json names, and its loading info: a multimodal one whole
+    (AutoModelForCausalLM would build only the language model of Llama4ForConditionalGeneration, without the
+    checkpoint's `language_model.` names)."""
+    import transformers
+
+    architecture = json.loads((Path(model_dir) / "config.json").read_text())["architectures"][0]
+    return getattr(transformers, architecture).from_pretrained(str(model_dir), output_loading_info=True, **kwargs)
+
+
 def hf_greedy_tokens(model_dir: Path, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
     """Greedy continuation token ids from Hugging Face transformers in float32 (the reference for vLLM)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model, _ = hf_model(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # No end-of-text tokens, as vLLM with ignore_eos: min_new_tokens instead would forbid them (a model that
     # predicts <|im_end|> would continue differently), not just keep generating past them.

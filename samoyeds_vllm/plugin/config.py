@@ -35,7 +35,8 @@ from ..format.fp8_blocks import SCALE_SUFFIX, block_size
 from .moe_method import SamoyedsMoEMethod
 
 #: One expert's tensor: LAYER.E.PROJECTION.SUFFIX, where vLLM names the experts layer LAYER too (every supported
-#: family: `model.layers.3.mlp.experts.5.gate_proj.weight_packed`, `...block_sparse_moe.experts.5.w1.weight`).
+#: family: `model.layers.3.mlp.experts.5.gate_proj.weight_packed`, `...block_sparse_moe.experts.5.w1.weight`,
+#: multimodal Llama-4's `language_model.model.layers.3.feed_forward.experts.5.down_proj.weight_packed`).
 _EXPERT_TENSOR = re.compile(r"^(?P<layer>.+\.experts)\.(?P<expert>\d+)\.[^.]+\.(?P<suffix>[^.]+)$")
 
 

@@ -4,12 +4,16 @@ Checkpoints are in the Hugging Face hub layout, which is what vLLM and transform
 expert and projection, except Llama-4, whose hub checkpoints hold each layer's experts as two 3-D tensors (its
 vLLM loader takes either). For each family we record how its routed-expert weights are named, so the converter
 knows what to sparsify; how the router picks experts is vLLM's (plugin/routing.py reads it off the layer).
+
+Multimodal checkpoints (Llama-4's Llama4ForConditionalGeneration) hold the language model under a name prefix
+(`language_model.model.layers...`) and its config under `text_config`, beside a vision tower and a projector,
+which stay dense: only the language model's routed experts are sparse.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,24 +36,34 @@ class Architecture:
     #: The router's weights scale each expert's input instead of its output (Llama-4, top-1 only in vLLM), so
     #: transformers' experts module takes the scaled inputs of every expert.
     weights_on_input: bool = False
+    #: What the language model's tensor names start with: "" in text checkpoints, "language_model." in
+    #: multimodal ones (vLLM names its layers so too: `language_model.model.layers.L.feed_forward.experts`).
+    text_prefix: str = ""
 
     @property
-    def expert_weight_re(self) -> re.Pattern[str]:
-        """Matches `model.layers.L.<moe_block>.experts.E.<proj>.weight`, capturing L, E and proj."""
-        projs = "|".join(map(re.escape, self.projections))
+    def layers_prefix(self) -> str:
+        """The decoder layers' tensor names start with this, then the layer index."""
+        return f"{self.text_prefix}model.layers."
+
+    def _layer_re(self, rest: str) -> re.Pattern[str]:
+        """`<layers_prefix>L.<moe_block>.experts.<rest>`, capturing L as `layer`."""
         return re.compile(
-            rf"^model\.layers\.(?P<layer>\d+)\.{re.escape(self.moe_block)}\.experts\.(?P<expert>\d+)\."
-            rf"(?P<proj>{projs})\.weight$"
+            rf"^{re.escape(self.layers_prefix)}(?P<layer>\d+)\.{re.escape(self.moe_block)}\.experts\.{rest}$"
         )
 
     @property
+    def expert_weight_re(self) -> re.Pattern[str]:
+        """Matches `<layers_prefix>L.<moe_block>.experts.E.<proj>.weight`, capturing L, E and proj."""
+        projs = "|".join(map(re.escape, self.projections))
+        return self._layer_re(rf"(?P<expert>\d+)\.(?P<proj>{projs})\.weight")
+
+    @property
     def fused_expert_re(self) -> re.Pattern[str] | None:
-        """Matches `model.layers.L.<moe_block>.experts.<fused>` of a fused-experts checkpoint, capturing L and
+        """Matches `<layers_prefix>L.<moe_block>.experts.<fused>` of a fused-experts checkpoint, capturing L and
         fused (None: experts are stored one tensor per expert)."""
         if self.fused_experts is None:
             return None
-        names = "|".join(map(re.escape, self.fused_experts))
-        return re.compile(rf"^model\.layers\.(?P<layer>\d+)\.{re.escape(self.moe_block)}\.experts\.(?P<fused>{names})$")
+        return self._layer_re(rf"(?P<fused>{'|'.join(map(re.escape, self.fused_experts))})")
 
     def fused_roles(self, fused: str) -> tuple[str, ...]:
         """The roles a fused tensor holds, in order along its last axis: (GATE, UP) or (DOWN,)."""
@@ -82,11 +96,11 @@ class Architecture:
         return next(proj for proj, r in self.projections.items() if r == role)
 
     def expert_weight_name(self, layer: int, expert: int, proj: str) -> str:
-        return f"model.layers.{layer}.{self.moe_block}.experts.{expert}.{proj}.weight"
+        return f"{self.layers_prefix}{layer}.{self.moe_block}.experts.{expert}.{proj}.weight"
 
     def sparse_module_globs(self) -> list[str]:
         """The sparse modules, as globs over checkpoint tensor names (recorded in quantization_config)."""
-        return [f"model.layers.*.{self.moe_block}.experts.*.{p}" for p in self.projections]
+        return [f"{self.layers_prefix}*.{self.moe_block}.experts.*.{p}" for p in self.projections]
 
     def experts_per_layer(self, tensor_names) -> dict[int, int]:
         """MoE layer index -> number of experts, read off a checkpoint's tensor names."""
@@ -98,6 +112,14 @@ class Architecture:
 
 
 _QWEN_PROJ = {"gate_proj": GATE, "up_proj": UP, "down_proj": DOWN}
+_LLAMA4_TEXT = Architecture(
+    "llama4_text",
+    "Llama4ForCausalLM",
+    "feed_forward",
+    _QWEN_PROJ,
+    fused_experts=("gate_up_proj", "down_proj"),
+    weights_on_input=True,
+)
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.model_type: a
@@ -107,13 +129,10 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("qwen3_moe", "Qwen3MoeForCausalLM", "mlp", _QWEN_PROJ),
         Architecture("olmoe", "OlmoeForCausalLM", "mlp", _QWEN_PROJ),
         Architecture("glm4_moe", "Glm4MoeForCausalLM", "mlp", _QWEN_PROJ),
-        Architecture(
-            "llama4_text",
-            "Llama4ForCausalLM",
-            "feed_forward",
-            _QWEN_PROJ,
-            fused_experts=("gate_up_proj", "down_proj"),
-            weights_on_input=True,
+        _LLAMA4_TEXT,
+        # The hub's Llama-4 checkpoints: the text model above under language_model., a vision tower and projector.
+        replace(
+            _LLAMA4_TEXT, model_type="llama4", hf_class="Llama4ForConditionalGeneration", text_prefix="language_model."
         ),
         # Leading dense layers and shared experts (`mlp.shared_experts`) are not routed experts: they stay dense.
         Architecture("deepseek_v2", "DeepseekV2ForCausalLM", "mlp", _QWEN_PROJ),
@@ -136,9 +155,14 @@ class MoEShape:
     top_k: int
 
 
+def text_config(hf_config: dict) -> dict:
+    """The language model's part of a config.json dict: its `text_config` in a multimodal config, else itself."""
+    return hf_config.get("text_config") or hf_config
+
+
 def moe_shape(hf_config: dict) -> MoEShape:
     """MoEShape of a config.json dict (the families name these fields differently)."""
-    c = hf_config
+    c = text_config(hf_config)
     experts = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
     inter = c.get("moe_intermediate_size") or c.get("intermediate_size")
     if not experts or not inter or "num_experts_per_tok" not in c:

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from ..errors import CheckpointError, SamoyedsError
 from ..format import Pattern, prune
-from .architectures import DOWN, GATE, UP, Architecture
+from .architectures import DOWN, GATE, UP, Architecture, text_config
 from .checkpoint_io import CheckpointReader
 from .pruning import output_error, sparsegpt, wanda_scores
 from .text_data import DataError, calibration_windows, load_documents
@@ -127,10 +127,12 @@ def experts_module(arch: Architecture, gate: torch.Tensor, up: torch.Tensor, dow
 
 
 def _skeleton(model_dir: Path, dtype: torch.dtype):
+    """The language model, without weights (of a multimodal model: its text part, whose tensors the checkpoint
+    holds under Architecture.text_prefix)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(model_dir).get_text_config()
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     return model.eval()
@@ -260,7 +262,7 @@ def peak_bytes(arch: Architecture, reader: CheckpointReader, windows: list[list[
     layer, num = max(experts.items(), key=lambda kv: kv[1])
     inter, hidden = reader.shape(arch.expert_weight_name(layer, 0, arch.projection(GATE)))
     layer_bytes = (
-        sum(math.prod(reader.shape(n)) for n in reader.names() if n.startswith(f"model.layers.{layer}.")) * size
+        sum(math.prod(reader.shape(n)) for n in reader.names() if n.startswith(f"{arch.layers_prefix}{layer}.")) * size
     )
     activations = 2 * len(windows) * len(windows[0]) * hidden * size
     hessians = num * hidden * hidden * 4
@@ -298,7 +300,7 @@ def prune_layers(
     # bfloat16 matmuls are slow on CPUs; compute there in float32 (the written weights keep the checkpoint dtype).
     dtype = weight_dtype if device.type == "cuda" else torch.float32
     model = _skeleton(model_dir, dtype)
-    _load_module(model.model.embed_tokens, "model.embed_tokens", reader, device, dtype)
+    _load_module(model.model.embed_tokens, f"{arch.text_prefix}model.embed_tokens", reader, device, dtype)
     model.model.rotary_emb.to(device)
     batch = max(1, TOKENS_PER_BATCH // len(windows[0]))
     batches = _first_layer_inputs(model, windows, batch, device)
@@ -318,7 +320,7 @@ def prune_layers(
             experts = experts_module(arch, gate, up, down)
             moe.experts = experts
         rename = (f"{moe_name}.", f"{arch.moe_block}.") if moe_name else ("", "")
-        _load_module(layer, f"model.layers.{index}", reader, device, dtype, rename)
+        _load_module(layer, f"{arch.layers_prefix}{index}", reader, device, dtype, rename)
 
         if experts is None:
             _run_layer(layer, experts, batches, None, keep=True)
@@ -377,6 +379,7 @@ class Calibration:
         windows longer than its context are refused."""
         from transformers import AutoTokenizer
 
+        hf_config = text_config(hf_config)
         context = hf_config.get("max_position_embeddings")
         if context and self.seq_len > context:
             raise DataError(f"--calib-seq-len {self.seq_len} is longer than the model's context of {context} tokens")

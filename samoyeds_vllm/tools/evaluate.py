@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SamoyedsError
+from .architectures import text_config
 from .checkpoint_io import read_config
 from .text_data import load_documents, separator_id, tokenize_documents
 
@@ -163,7 +164,7 @@ def evaluate(
 
     model = str(model)
     config = read_config(Path(model))
-    context = int(config.get("max_position_embeddings") or DEFAULT_WINDOW + 1)
+    context = int(text_config(config).get("max_position_embeddings") or DEFAULT_WINDOW + 1)
     if server:
         if engine_flags:
             raise SamoyedsError("engine flags apply to a new engine, not to a running server")

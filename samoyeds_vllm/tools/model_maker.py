@@ -1,8 +1,9 @@
 """Make Hugging Face MoE checkpoints with random weights, for tests and benchmarks without hub downloads.
 
 A preset (configs/models/*.json) is a real config.json. The weights are written as the hub has them, one tensor per
-expert and projection (Llama-4: its two fused tensors per layer), because that is the layout vLLM, transformers and
-our converter read. Names and shapes come from a small per-family table rather than from instantiating transformers
+expert and projection (Llama-4: its two fused tensors per layer; multimodal Llama-4: the language model under
+`language_model.`, beside a vision tower and projector), because that is the layout vLLM, transformers and our
+converter read. Names and shapes come from a small per-family table rather than from instantiating transformers
 models: transformers 5 fuses experts internally, and real presets are far too large to instantiate.
 """
 
@@ -22,7 +23,7 @@ from tqdm import tqdm
 from ..errors import SamoyedsError
 from ..format import Pattern, quantization_config
 from ..format.fp8_blocks import SCALE_SUFFIX, block_size
-from .architectures import ARCHITECTURES, DOWN, Architecture, architecture_of
+from .architectures import ARCHITECTURES, DOWN, Architecture, architecture_of, text_config
 from .checkpoint_io import DEFAULT_MAX_SHARD_BYTES, DTYPES, ShardedWriter, check_output_dir, staged_dirs
 from .fp8_blocks import fp8_block_config, quantize_blocks
 from .presets import load_preset, preset_family
@@ -118,6 +119,46 @@ _LAYOUTS = {
 }
 
 
+def _llama4_vision(c: dict) -> list[TensorSpec]:
+    """Llama-4's vision tower and multimodal projector (transformers' Llama4VisionModel and
+    Llama4MultiModalProjector), which stay dense: a ViT with biases and LayerNorms, its pixel-shuffle adapter, and the
+    projection into the language model's embeddings."""
+    v = c["vision_config"]
+    hidden, inter = v["hidden_size"], v["intermediate_size"]
+    p = "vision_model"
+
+    def layer_norm(name: str) -> list[TensorSpec]:
+        return [(f"{name}.weight", (hidden,)), (f"{name}.bias", (hidden,))]
+
+    def linear(name: str, out: int, inputs: int) -> list[TensorSpec]:
+        return [(f"{name}.weight", (out, inputs)), (f"{name}.bias", (out,))]
+
+    specs: list[TensorSpec] = [
+        (f"{p}.patch_embedding.linear.weight", (hidden, v["num_channels"] * v["patch_size"] ** 2)),
+        (f"{p}.class_embedding", (hidden,)),
+        (f"{p}.positional_embedding_vlm", ((v["image_size"] // v["patch_size"]) ** 2 + 1, hidden)),  # + class
+        *layer_norm(f"{p}.layernorm_pre"),
+        *layer_norm(f"{p}.layernorm_post"),
+    ]
+    for layer in range(v["num_hidden_layers"]):
+        block = f"{p}.model.layers.{layer}"
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            specs += linear(f"{block}.self_attn.{proj}", hidden, hidden)
+        specs += linear(f"{block}.mlp.fc1", inter, hidden) + linear(f"{block}.mlp.fc2", hidden, inter)
+        specs += layer_norm(f"{block}.input_layernorm") + layer_norm(f"{block}.post_attention_layernorm")
+    out = v["projector_output_dim"]
+    return specs + [
+        (f"{p}.vision_adapter.mlp.fc1.weight", (v["projector_input_dim"], inter)),
+        (f"{p}.vision_adapter.mlp.fc2.weight", (out, out)),
+        ("multi_modal_projector.linear_1.weight", (text_config(c)["hidden_size"], v["vision_output_dim"])),
+    ]
+
+
+#: Multimodal families: their vision side's tensors; the language model's are its text_config's family's, under
+#: Architecture.text_prefix.
+_VISION_TOWERS = {"llama4": _llama4_vision}
+
+
 def _attention_shapes(layout: _Layout, c: dict) -> dict[str, tuple[int, ...]]:
     """The attention's weights, norms included (module name inside self_attn -> shape of its `weight`)."""
     hidden, heads = c["hidden_size"], c["num_attention_heads"]
@@ -152,9 +193,13 @@ def _attention_shapes(layout: _Layout, c: dict) -> dict[str, tuple[int, ...]]:
 def weight_specs(hf_config: dict) -> list[TensorSpec]:
     """Every tensor of a hub checkpoint of this config, as (name, shape), layer by layer."""
     model_type = hf_config["model_type"]
+    if model_type in _VISION_TOWERS:
+        prefix = ARCHITECTURES[model_type].text_prefix
+        text = [(prefix + name, shape) for name, shape in weight_specs(text_config(hf_config))]
+        return text + _VISION_TOWERS[model_type](hf_config)  # text first: one seed, the text model's weights
     if model_type not in _LAYOUTS:
         raise SamoyedsError(
-            f"cannot make weights for model_type {model_type!r}; supported: {', '.join(_LAYOUTS)} "
+            f"cannot make weights for model_type {model_type!r}; supported: {', '.join(_weight_families())} "
             "(other families: config only)"
         )
     arch, layout, c = ARCHITECTURES[model_type], _LAYOUTS[model_type], hf_config
@@ -217,9 +262,18 @@ def weight_specs(hf_config: dict) -> list[TensorSpec]:
     return specs
 
 
+def _weight_families() -> list[str]:
+    """The model_types make-model writes random weights for."""
+    return [*_LAYOUTS, *_VISION_TOWERS]
+
+
 def _fan_in(arch: Architecture, name: str, shape: tuple[int, ...]) -> int:
     """The inputs of a weight: its last axis, [out, in], except fused experts' [E, in, out]."""
     return shape[-2] if arch.fused_experts and arch.fused_expert_re.match(name) else shape[-1]
+
+
+#: Norm weights: RMSNorms' and LayerNorms' (`input_layernorm.weight`, a ViT's `layernorm_pre.weight`).
+_NORM_WEIGHT = re.compile(r"norm[^.]*\.weight$")
 
 
 def _random_tensor(
@@ -231,7 +285,7 @@ def _random_tensor(
 
     Drawn in float32 (3x faster on CPU than drawing bfloat16), so one seed gives the same weights in every dtype.
     """
-    if name.endswith("norm.weight"):
+    if _NORM_WEIGHT.search(name):
         return torch.ones(shape, dtype=dtype)
     if name.endswith(".bias"):
         return torch.zeros(shape, dtype=dtype)
@@ -306,13 +360,14 @@ def make_model(
     """
     out_dir = Path(os.path.abspath(out_dir))  # so "." has a name and a parent, without following symlinks
     hf_config = load_preset(arch, preset)
+    text = text_config(hf_config)  # the language model's part (hf_config itself but for multimodal models)
     if layers is not None:
-        if not 1 <= layers <= hf_config["num_hidden_layers"]:
-            raise SamoyedsError(f"--layers must be between 1 and the preset's {hf_config['num_hidden_layers']} layers")
-        hf_config["num_hidden_layers"] = layers
-    if not config_only and arch not in _LAYOUTS:
+        if not 1 <= layers <= text["num_hidden_layers"]:
+            raise SamoyedsError(f"--layers must be between 1 and the preset's {text['num_hidden_layers']} layers")
+        text["num_hidden_layers"] = layers
+    if not config_only and arch not in _weight_families():
         raise SamoyedsError(
-            f"random weights for {arch} are not supported (supported: {', '.join(_LAYOUTS)}); "
+            f"random weights for {arch} are not supported (supported: {', '.join(_weight_families())}); "
             "use --config-only to write its config and tokenizer"
         )
     if sparse is not None:
@@ -332,11 +387,13 @@ def make_model(
             raise SamoyedsError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
         hf_config["torch_dtype"] = dtype
     if fp8_block:
+        if arch in _VISION_TOWERS:  # vLLM builds Llama-4's vision tower unquantized: it would not load FP8 weights
+            raise SamoyedsError(f"--fp8-block writes text models only, not multimodal {arch}")
         hf_config["quantization_config"] = fp8_block_config(_not_fp8_modules(hf_config))
     check_output_dir(out_dir, force)
     with staged_dirs(out_dir, replace=force) as (work_dir,):
-        token_ids = build_tokenizer(work_dir, hf_config["vocab_size"])
-        hf_config.update(bos_token_id=token_ids["bos"], eos_token_id=token_ids["eos"], pad_token_id=token_ids["pad"])
+        token_ids = build_tokenizer(work_dir, text["vocab_size"])
+        text.update(bos_token_id=token_ids["bos"], eos_token_id=token_ids["eos"], pad_token_id=token_ids["pad"])
         _write_json(work_dir / "config.json", hf_config)
         # Chat replies end with <|im_end|>, plain text with <|endoftext|>: generation stops on either.
         _write_json(

@@ -75,20 +75,42 @@ def test_two_four_on_load_with_shared_expert(converted, tiny_models):
     assert tokens == hf_greedy_tokens(pruned, PROMPTS, MAX_TOKENS)
 
 
-@pytest.mark.parametrize("arch", ["glm4_moe", "llama4_text"])
+#: vLLM runs a multimodal model's language model alone with this flag: the tiny models have no image processor.
+TEXT_ONLY = {"llama4": ("--language-model-only",)}
+
+
+@pytest.mark.parametrize("arch", ["glm4_moe", "llama4_text", "llama4"])
 def test_family_converted_and_on_load_match_transformers(converted, tiny_models, arch):
     """Families whose routing or checkpoint layout the others do not cover (GLM-4.5: sigmoid grouped top-k with
     score-correction biases, a routed scaling factor, shared experts and a dense first layer; Llama-4: sigmoid
     top-1 weighting the experts' input, experts fused in the hub checkpoint and per expert in the sparse one,
-    interleaved dense layers, chunked local attention): the converted checkpoint and sparsify-on-load of the dense
-    one both give transformers' tokens on the pruned export."""
+    interleaved dense layers, chunked local attention; multimodal Llama-4: the same under language_model., beside
+    a vision tower, text prompts): the converted checkpoint and sparsify-on-load of the dense one both give
+    transformers' tokens on the pruned export."""
     sparse, pruned = converted(arch)
+    flags = TEXT_ONLY.get(arch, ())
     expected = hf_greedy_tokens(pruned, PROMPTS, MAX_TOKENS)
     assert expected != hf_greedy_tokens(tiny_models[arch], PROMPTS, MAX_TOKENS)  # the pruned experts matter
-    tokens, _ = run_engine(sparse)
+    tokens, log = run_engine(sparse, *flags)
+    assert "quantization=samoyeds" in log
     assert tokens == expected
-    tokens, _ = run_engine(tiny_models[arch], "--quantization", "samoyeds")
+    tokens, _ = run_engine(tiny_models[arch], "--quantization", "samoyeds", *flags)
     assert tokens == expected
+
+
+def test_multimodal_llama4_experts_are_checked_under_their_prefix(converted, tmp_path):
+    """vLLM names the multimodal model's experts layers as the checkpoint does (language_model.model.layers...),
+    so the plugin's checks of the checkpoint's expert tensors find them: an extra expert is refused."""
+    sparse, _ = converted("llama4")
+    layer = "language_model.model.layers.3.feed_forward.experts"
+
+    def add_expert(tensors, config):  # config.json says 8 experts
+        tensors[f"{layer}.8.down_proj.weight_packed"] = tensors[f"{layer}.7.down_proj.weight_packed"].clone()
+
+    _, log = run_engine(
+        rewrite_checkpoint(sparse, tmp_path / "extra", add_expert), *TEXT_ONLY["llama4"], expect_ok=False
+    )
+    assert f"{layer}.8.down_proj.weight_packed: the checkpoint holds expert 8, but {layer} has 8 experts" in log
 
 
 # vLLM 0.26's CPU backend has no MLA ("MLA is not supported on CPU."). VLLM_MLA_DISABLE=1 makes its DeepSeek model

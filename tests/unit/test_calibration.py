@@ -202,3 +202,16 @@ def test_too_little_memory_is_refused_with_the_numbers(tiny_models, calib_dir, t
     monkeypatch.setattr(calibration, "available_bytes", lambda device: needed // 2)
     with pytest.raises(SamoyedsError, match=r"needs about [\d.]+ GiB on cpu, and [\d.]+ GiB are free"):
         list(prune_layers(model, arch, CheckpointReader(model), PATTERNS[0], "sparsegpt", windows, device="cpu"))
+
+
+def test_multimodal_llama4_calibrates_its_language_model(tiny_models, calib_dir, tmp_path):
+    """Layer by layer on Llama4ForConditionalGeneration: the language model alone runs (its config the
+    text_config, its tensors under language_model.), so SparseGPT prunes the experts as on the tiny text model,
+    whose language model it is."""
+    calibration = Calibration(str(calib_dir), samples=4, seq_len=64)
+    for arch in ("llama4", "llama4_text"):
+        convert(tiny_models[arch], tmp_path / arch, Pattern.parse("samoyeds"), "sparsegpt", calibration=calibration)
+    multimodal, text = read_checkpoint(tmp_path / "llama4"), read_checkpoint(tmp_path / "llama4_text")
+    assert all(torch.equal(t, multimodal[f"language_model.{name}"]) for name, t in text.items())
+    report = json.loads((tmp_path / "llama4" / REPORT_NAME).read_text())
+    assert sorted(report["layers"]) == ["1", "3"] and report["layers"]["1"]["calibration"]["output_error"]

@@ -187,6 +187,43 @@ def test_kimi_k2_converts_as_deepseek_v3_and_its_dense_parts_stay(tiny_models, t
     assert not any(name.startswith("model.layers.0.mlp.experts.") for name in sparse)
 
 
+def test_multimodal_llama4_converts_only_its_language_models_experts(tiny_models, tmp_path):
+    """Llama4ForConditionalGeneration holds Llama-4's language model under language_model. (the tiny one the tiny
+    text model's, same seed) beside a vision tower and projector: its routed experts are packed as the text
+    model's are, under the prefix, and everything else (vision, projector, shared experts, dense layers, routers) is
+    copied as it is."""
+    multimodal, text = ARCHITECTURES["llama4"], ARCHITECTURES["llama4_text"]
+    expert = "model.layers.1.feed_forward.experts.3.up_proj.weight"
+    assert multimodal.expert_weight_re.match(f"language_model.{expert}") and not multimodal.expert_weight_re.match(
+        expert
+    )
+    assert text.expert_weight_re.match(expert) and not text.expert_weight_re.match(f"language_model.{expert}")
+
+    convert(tiny_models["llama4"], tmp_path / "mm", SAMOYEDS, progress=False)
+    convert(tiny_models["llama4_text"], tmp_path / "text", SAMOYEDS, progress=False)
+    sparse, text_sparse = read_checkpoint(tmp_path / "mm"), read_checkpoint(tmp_path / "text")
+    dense = read_checkpoint(tiny_models["llama4"])
+    language = {n.removeprefix("language_model."): t for n, t in sparse.items() if n.startswith("language_model.")}
+    assert language.keys() == text_sparse.keys() and all(torch.equal(t, text_sparse[n]) for n, t in language.items())
+    assert "language_model.model.layers.1.feed_forward.experts.7.down_proj.weight_packed" in sparse
+    assert not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in sparse)
+    kept = [name for name in dense if not name.startswith("language_model.")]
+    kept += [
+        "language_model.model.layers.0.feed_forward.gate_proj.weight",
+        "language_model.model.layers.1.feed_forward.shared_expert.down_proj.weight",
+        "language_model.model.layers.1.feed_forward.router.weight",
+    ]
+    assert any(name.startswith("vision_model.") for name in kept) and "multi_modal_projector.linear_1.weight" in kept
+    assert all(torch.equal(sparse[name], dense[name]) for name in kept)
+
+    # vLLM reads the top level's quantization_config first; the text model's config stays as it was
+    config = json.loads((tmp_path / "mm" / "config.json").read_text())
+    assert config.pop("quantization_config")["sparse_modules"] == [
+        f"language_model.model.layers.*.feed_forward.experts.*.{proj}" for proj in ("gate_proj", "up_proj", "down_proj")
+    ]
+    assert config == json.loads((tiny_models["llama4"] / "config.json").read_text())
+
+
 def test_unsupported_architecture(tiny_models, tmp_path):
     model = copy_model(tiny_models["qwen3_moe"], tmp_path / "m")
     config = json.loads((model / "config.json").read_text())

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import leftovers, read_checkpoint
+from helpers import hf_model, leftovers, read_checkpoint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from samoyeds_vllm.cli import main
 from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.tools import checkpoint_io
-from samoyeds_vllm.tools.architectures import ARCHITECTURES, moe_shape
+from samoyeds_vllm.tools.architectures import ARCHITECTURES, MoEShape, moe_shape, text_config
 from samoyeds_vllm.tools.checkpoint_io import CheckpointReader
 from samoyeds_vllm.tools.fused_experts import per_expert
 from samoyeds_vllm.tools.model_maker import make_model, weight_specs, write_weights
@@ -31,7 +31,7 @@ REAL_PRESETS = sorted(name for name in available_presets() if not name.startswit
 
 def load_exactly(model_dir: Path):
     """Load with transformers and fail on any key it had to skip or make up: the names must be the hub's."""
-    model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), output_loading_info=True)
+    model, info = hf_model(model_dir)
     assert {key: value for key, value in info.items() if value} == {}
     return model
 
@@ -52,7 +52,7 @@ def test_tiny_model_loads_in_transformers_and_generates(tiny_models, arch):
     again = model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
     assert output.shape == (1, prompt["input_ids"].shape[1] + 4)
     assert torch.equal(output, again)
-    assert int(output.max()) < model.config.vocab_size
+    assert int(output.max()) < model.config.get_text_config().vocab_size
     assert tokenizer.decode(output[0]).startswith("The quick brown fox")
 
 
@@ -69,7 +69,8 @@ def test_tiny_checkpoint_has_hub_names_and_init(tiny_models, arch):
     family = ARCHITECTURES[arch]
     reader = per_expert(CheckpointReader(model_dir), family)  # checked as the converter reads them
     experts = [name for name in reader.names() if family.expert_weight_re.match(name)]
-    routers = {int(name.split(".")[2]) for name in tensors if re.search(r"\.(gate|router)\.weight$", name)}
+    router_re = re.compile(rf"^{re.escape(family.layers_prefix)}(\d+)\..*\.(gate|router)\.weight$")
+    routers = {int(m[1]) for name in tensors if (m := router_re.match(name))}
     num_experts = moe_shape(config).num_experts
     assert family.experts_per_layer(experts) == dict.fromkeys(sorted(routers), num_experts)
     assert len(experts) == len(routers) * num_experts * 3
@@ -78,7 +79,7 @@ def test_tiny_checkpoint_has_hub_names_and_init(tiny_models, arch):
 
     for name, tensor in tensors.items():
         assert tensor.dtype == torch.float32
-        if name.endswith("norm.weight"):
+        if re.search(r"norm[^.]*\.weight$", name):  # RMSNorms and LayerNorms (a ViT's layernorm_pre)
             assert torch.all(tensor == 1), name
         elif name.endswith(".bias"):
             assert torch.all(tensor == 0), name
@@ -126,7 +127,19 @@ def test_family_specific_tensors(tiny_models):
     assert llama4["model.layers.1.feed_forward.shared_expert.up_proj.weight"] == (128, 128)
     assert not any(".experts.0." in name for name in llama4)  # no per-expert tensors
     assert not any("self_attn" in name and "norm" in name for name in llama4)  # its q/k norms have no weights
-    assert all("lm_head.weight" in s for s in shapes.values())
+    # Multimodal Llama-4: the same language model under language_model., beside a ViT (biases, LayerNorms), its
+    # pixel-shuffle adapter and the projector into the text embeddings
+    multimodal = shapes["llama4"]
+    assert {name: shape for name, shape in multimodal.items() if name.startswith("language_model.")} == {
+        f"language_model.{name}": shape for name, shape in llama4.items()
+    }
+    assert multimodal["vision_model.patch_embedding.linear.weight"] == (64, 3 * 14 * 14)
+    assert multimodal["vision_model.positional_embedding_vlm"] == ((56 // 14) ** 2 + 1, 64)
+    assert multimodal["vision_model.model.layers.1.self_attn.o_proj.bias"] == (64,)
+    assert multimodal["vision_model.model.layers.1.post_attention_layernorm.bias"] == (64,)
+    assert multimodal["vision_model.vision_adapter.mlp.fc1.weight"] == (128, 256)  # pixel shuffle: 4 x 64 inputs
+    assert multimodal["multi_modal_projector.linear_1.weight"] == (128, 128)
+    assert all(any(name.endswith("lm_head.weight") for name in s) for s in shapes.values())
 
     # DeepSeek: MLA (V3's queries through q_lora_rank 64, V2's straight), a leading dense layer, one shared expert
     # of the routed experts' width, V3's score-correction bias
@@ -153,7 +166,7 @@ def test_tiny_presets_fit_the_sparse_pattern():
     for arch in FAMILIES:
         config = load_preset(arch, "tiny")
         assert config["model_type"] == arch and config["architectures"] == [ARCHITECTURES[arch].hf_class]
-        assert config["hidden_size"] % 128 == 0 and config["torch_dtype"] == "float32"
+        assert text_config(config)["hidden_size"] % 128 == 0 and config["torch_dtype"] == "float32"
     assert load_preset("qwen3_moe", "tiny")["norm_topk_prob"] is True
     assert load_preset("qwen2_moe", "tiny")["norm_topk_prob"] is False
     assert load_preset("olmoe", "tiny")["norm_topk_prob"] is False
@@ -163,6 +176,8 @@ def test_tiny_presets_fit_the_sparse_pattern():
     llama4 = load_preset("llama4_text", "tiny")  # interleaved MoE layers, a NoPE layer, top-1 as vLLM runs it
     assert llama4["interleave_moe_layer_step"] == 2 and 0 in llama4["no_rope_layers"]
     assert llama4["num_experts_per_tok"] == 1 and llama4["use_qk_norm"]
+    multimodal = load_preset("llama4", "tiny")  # the same language model, a two-layer ViT beside it
+    assert multimodal["text_config"] == {k: v for k, v in llama4.items() if k not in ("architectures", "torch_dtype")}
     # DeepSeek-V3's routing at a small size: sigmoid scores with a score-correction bias, top-2 of 4 groups, scaled
     v3 = load_preset("deepseek_v3", "tiny")
     assert (v3["scoring_func"], v3["topk_method"], v3["n_group"], v3["topk_group"]) == ("sigmoid", "noaux_tc", 4, 2)
@@ -242,7 +257,7 @@ def tokenizer(tiny_models):
 
 def test_tokenizer_matches_config(tiny_models, tokenizer):
     for arch in FAMILIES:
-        config = json.loads((tiny_models[arch] / "config.json").read_text())
+        config = text_config(json.loads((tiny_models[arch] / "config.json").read_text()))
         generation = json.loads((tiny_models[arch] / "generation_config.json").read_text())
         assert len(tokenizer) <= config["vocab_size"]
         assert config["eos_token_id"] == config["pad_token_id"] == tokenizer.eos_token_id == tokenizer.pad_token_id
@@ -322,15 +337,19 @@ def test_real_preset_config_only(tmp_path, preset):
     ]
     written = json.loads((model_dir / "config.json").read_text())
     preset_config = load_preset(arch, preset)
-    token_keys = {"bos_token_id", "eos_token_id", "pad_token_id"}
-    assert {k: v for k, v in written.items() if k not in token_keys} == {
-        k: v for k, v in preset_config.items() if k not in token_keys
-    }
+    token_keys = {"bos_token_id", "eos_token_id", "pad_token_id"}  # the tokenizer's, in the language model's config
+
+    def without_tokens(config: dict) -> dict:
+        text = {k: v for k, v in text_config(config).items() if k not in token_keys}
+        return dict(config, text_config=text) if "text_config" in config else text
+
+    assert without_tokens(written) == without_tokens(preset_config)
     assert written["torch_dtype"] == "bfloat16" and "auto_map" not in written
 
     config = AutoConfig.from_pretrained(str(model_dir))
-    assert config.model_type == arch and config.vocab_size == preset_config["vocab_size"]
-    assert len(AutoTokenizer.from_pretrained(str(model_dir))) <= config.vocab_size
+    vocab = config.get_text_config().vocab_size
+    assert config.model_type == arch and vocab == text_config(preset_config)["vocab_size"]
+    assert len(AutoTokenizer.from_pretrained(str(model_dir))) <= vocab
 
 
 def test_real_preset_shapes_match_published_parameter_counts():
@@ -342,10 +361,35 @@ def test_real_preset_shapes_match_published_parameter_counts():
         "olmoe-1b-7b": 6.92,
         "deepseek-v2-lite": 15.71,
         "deepseek-v3": 671.03,  # without its multi-token-prediction layer (vLLM serves it as a draft model)
+        # the hub's parameter counts, vision tower included (from memory: these presets are unchecked, README)
+        "llama4-scout-17b-16e-mm": 108.64,
+        "llama4-maverick-17b-128e": 401.58,
     }
     for preset, expected in billions.items():
         specs = weight_specs(load_preset(available_presets()[preset], preset))
         assert sum(math.prod(shape) for _, shape in specs) / 1e9 == pytest.approx(expected, abs=0.01), preset
+
+
+def test_llama4_maverick_preset():
+    """Maverick: 128 routed experts and a shared expert in every second layer (dense MLPs of intermediate_size_mlp
+    between), top-1, the multimodal layout of its hub checkpoints."""
+    config = load_preset("llama4", "llama4-maverick-17b-128e")
+    assert moe_shape(config) == MoEShape(num_experts=128, hidden=5120, intermediate=8192, top_k=1)
+    text = config["text_config"]
+    assert (text["interleave_moe_layer_step"], text["intermediate_size_mlp"], text["num_hidden_layers"]) == (
+        2,
+        16384,
+        48,
+    )
+    names = dict(weight_specs(config))
+    routed = [n for n in names if n.endswith("feed_forward.experts.gate_up_proj")]
+    assert len(routed) == 24 and names["language_model.model.layers.47.feed_forward.experts.down_proj"] == (
+        128,
+        8192,
+        5120,
+    )
+    assert names["language_model.model.layers.1.feed_forward.shared_expert.gate_proj.weight"] == (8192, 5120)
+    assert names["language_model.model.layers.0.feed_forward.gate_proj.weight"] == (16384, 5120)
 
 
 # --- errors -------------------------------------------------------------------------------------------------------
@@ -358,8 +402,8 @@ def test_real_preset_shapes_match_published_parameter_counts():
             "gpt2",
             "tiny",
             {},
-            "unknown architecture 'gpt2'; supported: deepseek_v2, deepseek_v3, glm4_moe, llama4_text, mixtral, "
-            "olmoe, qwen2_moe, qwen3_moe",
+            "unknown architecture 'gpt2'; supported: deepseek_v2, deepseek_v3, glm4_moe, llama4, llama4_text, "
+            "mixtral, olmoe, qwen2_moe, qwen3_moe",
         ),
         (
             "qwen3_moe",
@@ -376,6 +420,7 @@ def test_real_preset_shapes_match_published_parameter_counts():
         ),
         ("mixtral", "tiny", {"dtype": "int8"}, "unknown dtype 'int8'; choose one of float32, bfloat16, float16"),
         ("mixtral", "tiny", {"max_shard_bytes": 0}, "max_shard_bytes must be positive"),
+        ("llama4", "tiny", {"fp8_block": True}, "--fp8-block writes text models only, not multimodal llama4"),
     ],
 )
 def test_bad_input_is_refused_and_leaves_nothing(tmp_path, arch, preset, kwargs, message):
