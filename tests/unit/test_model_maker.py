@@ -103,7 +103,7 @@ def test_family_specific_tensors(tiny_models):
     shapes = {
         arch: dict(weight_specs(json.loads((tiny_models[arch] / "config.json").read_text()))) for arch in FAMILIES
     }
-    assert shapes["qwen3_moe"]["model.layers.0.self_attn.q_norm.weight"] == (32,)  # head_dim
+    assert shapes["qwen3_moe"]["model.layers.0.self_attn.q_norm.weight"] == (64,)  # head_dim
     assert shapes["olmoe"]["model.layers.0.self_attn.q_norm.weight"] == (128,)  # heads * head_dim
     assert shapes["olmoe"]["model.layers.0.self_attn.k_norm.weight"] == (64,)  # kv_heads * head_dim
     assert shapes["qwen2_moe"]["model.layers.0.mlp.shared_expert_gate.weight"] == (1, 128)
