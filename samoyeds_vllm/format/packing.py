@@ -65,20 +65,27 @@ def _nonzero_rank(w: torch.Tensor) -> torch.Tensor:
 def prune_mask(scores: torch.Tensor, pattern: Pattern, name: str = "weight") -> torch.Tensor:
     """Boolean mask [..., m, k] of the weights to keep: the pattern-valid choice of largest total score.
 
-    2:4 keeps the 2 best of every 4. Samoyeds keeps, per row pair and segment, the row whose 2:4-pruned
-    score is larger (row 2i on ties), then 2:4 inside it: this maximises the kept score over all valid masks.
+    2:4 keeps the 2 best of every 4 (the earlier of equal scores: the same mask on every device, where topk breaks
+    ties its own way on each, and FP8 checkpoints' weights tie often). Samoyeds keeps, per row pair and segment, the
+    row whose 2:4-pruned score is larger (row 2i on ties), then 2:4 inside it: this maximises the kept score over
+    all valid masks.
     """
     pattern.check_shape(scores.shape, name)
     *lead, m, k = scores.shape
     groups = scores.float().reshape(*lead, m, k // GROUP, GROUP)
-    top_scores, top_pos = groups.topk(2, dim=-1)
-    mask = torch.zeros(groups.shape, dtype=torch.bool, device=scores.device)
-    mask.scatter_(-1, top_pos, True)
-    mask = mask.reshape(*lead, m, k)
+    # rank[i]: how many of its group come first (a larger score, or an equal one earlier); one byte per weight
+    rank = torch.zeros(groups.shape, dtype=torch.uint8, device=scores.device)
+    for j in range(GROUP):
+        first = groups[..., j : j + 1] > groups
+        first[..., j + 1 :] |= groups[..., j : j + 1] == groups[..., j + 1 :]
+        rank += first
+    mask = rank < 2
     if not pattern.is_samoyeds:
-        return mask
+        return mask.reshape(*lead, m, k)
     n_seg = k // pattern.segment
-    kept_score = top_scores.sum(-1).reshape(*lead, m // 2, 2, n_seg, pattern.segment // GROUP).sum(-1)
+    top_sums = torch.where(mask, groups, 0.0).sum(-1)
+    mask = mask.reshape(*lead, m, k)
+    kept_score = top_sums.reshape(*lead, m // 2, 2, n_seg, pattern.segment // GROUP).sum(-1)
     second_row = kept_score[..., 1, :] > kept_score[..., 0, :]  # [..., m/2, S]
     row_kept = torch.stack([~second_row, second_row], dim=-2)  # [..., m/2, 2, S]
     row_kept = row_kept.unsqueeze(-1).expand(*lead, m // 2, 2, n_seg, pattern.segment).reshape(*lead, m, k)

@@ -16,6 +16,7 @@ from samoyeds_vllm.format import (
     compress,
     decompress,
     prune,
+    prune_mask,
     quantize,
     satisfies,
 )
@@ -52,6 +53,24 @@ def test_prune_compress_decompress_round_trip(case):
     assert {k: tuple(getattr(packed, k).shape) for k in shapes} == shapes
     check_packed(packed, pattern, tuple(w.shape))
     assert bit_equal(decompress(packed, pattern), pruned)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pattern", PATTERNS, ids=str)
+def test_pruning_breaks_ties_the_same_way_everywhere(pattern, device):
+    """Equal magnitudes (FP8 checkpoints are full of them) keep the earlier weights of a group, on every device, so
+    sparsify-on-load on a GPU keeps what the converter kept on a CPU."""
+    levels = torch.randint(0, 3, (64, 256), generator=torch.Generator().manual_seed(0)).float()  # many ties
+    w = levels.to(device)
+    groups = w.reshape(64, 64, 4)
+    keys = groups * 4 + (3 - torch.arange(4, device=device))  # the same order, ties broken by position
+    first_two = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, keys.topk(2, dim=-1).indices, True)
+    mask = prune_mask(w, pattern)
+    if pattern.is_samoyeds:  # the kept rows' 2:4 choice, nothing elsewhere
+        assert not (mask & ~first_two.reshape(64, 256)).any()
+    else:
+        assert torch.equal(mask, first_two.reshape(64, 256))
+    assert torch.equal(mask.cpu(), prune_mask(w.cpu(), pattern))
 
 
 @settings(max_examples=30, deadline=None)
