@@ -21,6 +21,7 @@ samoyeds_vllm.tools), `compress` / `decompress` convert between the pruned dense
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -72,7 +73,9 @@ def prune_mask(scores: torch.Tensor, pattern: Pattern, name: str = "weight") -> 
     """
     pattern.check_shape(scores.shape, name)
     *lead, m, k = scores.shape
-    groups = scores.float().reshape(*lead, m, k // GROUP, GROUP)
+    # NaN scores (a damaged checkpoint converted with allow_nonfinite) count as the largest, as in topk
+    groups = scores.float().nan_to_num(nan=math.inf, posinf=math.inf, neginf=-math.inf)
+    groups = groups.reshape(*lead, m, k // GROUP, GROUP)
     # rank[i]: how many of its group come first (a larger score, or an equal one earlier); one byte per weight
     rank = torch.zeros(groups.shape, dtype=torch.uint8, device=scores.device)
     for j in range(GROUP):
