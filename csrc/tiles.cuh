@@ -57,9 +57,9 @@ template <int SEGS, int A_ROWS> struct SelTile {
 
 // FP8 values: the A fragment of k-step ks (mma.sp m16n8k32: a[0] row g, compressed columns 2t, 2t + 1; a[1] row
 // g + 8, the same; a[2], a[3] columns 2t + 8, 2t + 9) from this thread's 16 bytes of rows g and g + 8
-// (rows[0], rows[1]), for mma.sp and for wgmma.sp with A in registers. kernels/weights.py stores each row's 64 values of a stage in the order (t, ks, the four
-// columns), so the 4 bytes of one k-step are word ks of the chunk: one 16-byte shared load per row and stage
-// instead of ldmatrix, which moves 16-bit elements.
+// (rows[0], rows[1]), for mma.sp and for wgmma.sp with A in registers. kernels/weights.py stores each row's 64
+// values of a stage in the order (t, ks, the four columns), so the 4 bytes of one k-step are word ks of the chunk:
+// one 16-byte shared load per row and stage instead of ldmatrix, which moves 16-bit elements.
 template <typename T>
 __device__ __forceinline__ void fp8_fragment(unsigned (&a)[4], const uint4 (&rows)[2], int ks) {
   const unsigned g_row = ks == 0 ? rows[0].x : ks == 1 ? rows[0].y : ks == 2 ? rows[0].z : rows[0].w;
