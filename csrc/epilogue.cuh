@@ -34,6 +34,27 @@ __device__ __forceinline__ void scale_rows(float (&even)[MT][NT][4], float (&odd
     }
 }
 
+// FP8 activations in GEMM 1: each accumulator times its token column's scale (quantize.cuh), before the SiLU.
+// column_scale(n): the scale of tile column n.
+template <bool SAMOYEDS, int MT, int NT, typename ColumnScale>
+__device__ __forceinline__ void scale_columns(float (&even)[MT][NT][4], float (&odd)[MT][NT][4], int lane,
+                                              ColumnScale column_scale) {
+  const int t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float s = column_scale(8 * j + 2 * t + c);
+#pragma unroll
+      for (int h = 0; h < MT; ++h)
+#pragma unroll
+        for (int i = c; i < 4; i += 2) {
+          even[h][j][i] *= s;
+          if (SAMOYEDS) odd[h][j][i] *= s;
+        }
+    }
+}
+
 // Writes one warp's accumulators: acc[h][j][i] is condensed row crow[h] + g + 8 (i / 2) of m tile h (for GATE_UP
 // a row of the gate half, h = 0 gate, 1 up) and tile column 8 j + 2 t + i % 2; samoyeds: even / odd are output rows
 // 2 crow and 2 crow + 1. GATE_UP: act = SiLU(gate) * up by sorted position; else the routing-weighted row by

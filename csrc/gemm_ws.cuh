@@ -12,6 +12,10 @@
 // docs/benchmarks.md), and each MMA warpgroup turns its rows into exact T fragments in registers (fp8_fragment)
 // for wgmma.sp with A in registers and scales its output rows in the epilogue, as moe_gemm does; the MMAs stay
 // T x T.
+// FP8 activations (ACT8, with FP8 values): the copier gathers FP8 copies of the token rows (quantize.cuh; half
+// the B bytes), and the MMA warpgroups issue e4m3 x e4m3 wgmma.sp (64-input k-steps at twice the T x T rate) with
+// A fragments picked from the stored byte order (e4m3_fragment: no conversion); each token column's scale joins
+// its routing weight in the epilogue.
 // The blocks are persistent (one per SM), so the copier fills the next work item's stages while the MMA
 // warpgroups run an epilogue. What both GEMM kernels share is written once: the tiles and the split-K range
 // (tiles.cuh), the operands (operands.cuh), the samoyeds fold (fold.cuh) and the epilogue (epilogue.cuh). The stage
@@ -65,9 +69,11 @@ template <int BN> struct ItemInfo {
   int expert;        // FP8 values: whose output-row scales the epilogue applies
 };
 
-template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP>
+template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP, bool ACT8>
 __device__ __forceinline__ void moe_gemm_ws_body(
-    const T* __restrict__ x, const typename ValueOf<T, FP8>::type* __restrict__ values,
+    const typename Pick<ACT8, uint8_t, T>::type* __restrict__ x,  // the B rows: T, or e4m3 bytes for ACT8
+    const float* __restrict__ x_scale,                            // ACT8: each B row's scale (quantize.cuh)
+    const typename ValueOf<T, FP8>::type* __restrict__ values,
     const int16_t* __restrict__ meta, const uint8_t* __restrict__ rowsel, const float* __restrict__ scale,
     T* __restrict__ out, float* __restrict__ partial,
     const int* __restrict__ tile_expert, const int* __restrict__ tile_start, const int* __restrict__ tile_rows,
@@ -77,15 +83,18 @@ __device__ __forceinline__ void moe_gemm_ws_body(
     int num_tiles) {      // token tiles in the tile map
   using ws::CONSUMERS;
   static_assert(BN == 64 || (BN == 128 && !SAMOYEDS), "samoyeds keeps two accumulator sets: 64 tokens fit");
+  static_assert(!ACT8 || (FP8 && V % 64 == 0), "FP8 activations: FP8 values, segments of whole 64-input k-steps");
   constexpr int MT = 2, NT = BN / 8, SLAB = WS_SLAB;
   constexpr int SLABS = CONSUMERS * MT;
   constexpr int A_ROWS = SLABS * SLAB;
   constexpr int STAGES_WS = ws::STAGES<BN, FP8>;
-  constexpr int SEGS = BK / V, SEG_STEPS = V / 32;
-  using StageT = Stage<BN, A_ROWS, FP8 ? 1 : 2>;
+  // k-steps per stage: 4 of 32 inputs (T x T), or 2 of 64 (FP8 x FP8)
+  constexpr int KSTEPS = ACT8 ? 2 : 4, SEGS = BK / V, SEG_STEPS = V / (BK / KSTEPS);
+  using StageT = Stage<BN, A_ROWS, FP8 ? 1 : 2, ACT8>;
+  using BTileT = typename Pick<ACT8, BTile8<BN>, BTile<BN>>::type;
   using SelWord = typename SelWordOf<SEGS>::type;
   using SelT = SelTile<SAMOYEDS ? SEGS : 1, SAMOYEDS ? A_ROWS : 16>;
-  static_assert(BK % V == 0 && V % 32 == 0, "a segment is whole k-steps of one stage");
+  static_assert(BK % V == 0 && SEG_STEPS >= 1, "a segment is whole k-steps of one stage");
   static_assert(SLAB == TILE_ROWS, "a slab's rows are one tile of the stored values and metadata");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -93,11 +102,13 @@ __device__ __forceinline__ void moe_gemm_ws_body(
   __shared__ __align__(16) SelT sel_tiles[STAGES_WS];
   __shared__ ItemInfo<BN> item_info[2];
   __shared__ unsigned long long full[STAGES_WS], empty[STAGES_WS], item_full[2], item_empty[2];
-  // The copier's: row of x for each token column of the item (-1: padding), column b_col + 8 j at [b_col][j], so a
-  // copying thread reads the rows of its columns four at a time. With one dependent 4-byte load in front of each
-  // B cp.async the copier's issue was what the MMA warpgroups waited for (H100 ncu, 2:4 at T = 4096); this read
-  // made the layer 6-9% faster at T = 4096 / 16384.
-  __shared__ __align__(16) int token_rows[8][BN / 8];
+  // The copier's: row of x for each token column of the item (-1: padding), column b_col + B_COLS j at
+  // [b_col][j], so a copying thread reads the rows of its columns four at a time. With one dependent 4-byte load in
+  // front of each B cp.async the copier's issue was what the MMA warpgroups waited for (H100 ncu, 2:4 at
+  // T = 4096); this read made the layer 6-9% faster at T = 4096 / 16384. A token row of a stage is B_CHUNKS
+  // 16-byte chunks (16 of T, 8 of FP8), so the 128 copying threads take B_COLS columns at a time.
+  constexpr int B_CHUNKS = ACT8 ? 8 : 16, B_COLS = 128 / B_CHUNKS;
+  __shared__ __align__(16) int token_rows[B_COLS][BN / B_COLS];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid == 0) {
@@ -124,13 +135,12 @@ __device__ __forceinline__ void moe_gemm_ws_body(
   if (warp < 4) {  // ---- the copier warpgroup
     regs_shrink<ws::COPY_REGS>();
     // A: a row's 64 values of a stage are A_CHUNKS 16-byte chunks (8 of T, 4 of FP8); chunk tid % A_CHUNKS of rows
-    // tid / A_CHUNKS + A_STEP j of every slab, so the XOR swizzle of T tiles (row & 7) is the same for all; FP8
-    // rows stay unswizzled (fp8_fragment reads a whole chunk per thread). meta: one 16-byte chunk per row and
-    // stage, rows tid + 128 i. B: chunk tid % 16 of token columns tid / 16 + 8 j (j < BN / 8), gathered through
-    // the routing index. rowsel: one chunk per thread < CHUNKS.
+    // tid / A_CHUNKS + A_STEP j of every slab, so the XOR swizzle of the tile is the same for all (fp8_chunk_at
+    // for FP8 rows). meta: one 16-byte chunk per row and stage, rows tid + 128 i. B: chunk tid % B_CHUNKS of token
+    // columns tid / B_CHUNKS + B_COLS j, gathered through the routing index. rowsel: one chunk per thread < CHUNKS.
     constexpr int A_CHUNKS = FP8 ? 4 : 8, A_STEP = 128 / A_CHUNKS;
-    const int a_row = tid / A_CHUNKS, a_chunk = tid % A_CHUNKS, b_col = tid >> 4, b_chunk = tid & 15;
-    const int a_dst = a_row * A_CHUNKS + (FP8 ? a_chunk : a_chunk ^ (a_row & 7));
+    const int a_row = tid / A_CHUNKS, a_chunk = tid % A_CHUNKS, b_col = tid / B_CHUNKS, b_chunk = tid % B_CHUNKS;
+    const int a_dst = a_row * A_CHUNKS + (FP8 ? fp8_chunk_at(a_row, a_chunk) : a_chunk ^ (a_row & 7));
     const int n_seg = K / V;
     int stage = 0;  // stages issued over all items
     int item = 0;   // items handed to the MMA warpgroups
@@ -164,9 +174,9 @@ __device__ __forceinline__ void moe_gemm_ws_body(
       ItemInfo<BN>& info = item_info[item & 1];
       if (item >= 2) mbar_wait(&item_empty[item & 1], ((item >> 1) - 1) & 1);
       copier_sync();  // every copier thread is done with the last item's token rows
-      if (tid < BN) {  // column tid is entry j = tid / 8 of the rows of b_col = tid % 8 (see token_rows)
+      if (tid < BN) {  // column tid is entry tid / B_COLS of the rows of b_col = tid % B_COLS (see token_rows)
         int row = -1, slot = -1;
-        float weight = 1.0f;
+        float weight = 1.0f;  // ACT8: times the B row's scale, which the epilogue applies with it
         if (tid < n_rows) {
           const int pos = first + tid;
           if (GATE_UP) {
@@ -177,8 +187,9 @@ __device__ __forceinline__ void moe_gemm_ws_body(
             slot = sorted_slot[pos];
             weight = slot_weight[slot];
           }
+          if (ACT8) weight *= x_scale[row];
         }
-        token_rows[tid % 8][tid / 8] = row;
+        token_rows[tid % B_COLS][tid / B_COLS] = row;
         info.slot[tid] = slot;
         info.weight[tid] = weight;
       }
@@ -186,7 +197,7 @@ __device__ __forceinline__ void moe_gemm_ws_body(
       mbar_arrive(&item_full[item & 1]);
       ++item;
       copier_sync();
-      const T* b_src = x + (size_t)kt_begin * BK + b_chunk * 8;
+      const auto* b_src = x + (size_t)kt_begin * BK + b_chunk * (16 / sizeof(*x));
       for (int kt = 0; kt < k_tiles; ++kt, ++stage) {
         const int slot = stage % STAGES_WS;
         if (stage >= STAGES_WS) mbar_wait(&empty[slot], (stage / STAGES_WS - 1) & 1);
@@ -209,12 +220,12 @@ __device__ __forceinline__ void moe_gemm_ws_body(
         if (SAMOYEDS && tid < SelT::CHUNKS)
           cp_async16(&sel_tiles[slot].byte[sel_dst], sel_src + (size_t)kt * SEGS * R, 16);
 #pragma unroll
-        for (int q = 0; q < BN / 32; ++q) {
+        for (int q = 0; q < BN / B_COLS / 4; ++q) {
           const int4 rows = *reinterpret_cast<const int4*>(&token_rows[b_col][4 * q]);
           const int row[4] = {rows.x, rows.y, rows.z, rows.w};
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            cp_async16(&s.b.chunk[BTile<BN>::at(b_col + 8 * (4 * q + i), b_chunk)],
+            cp_async16(&s.b.chunk[BTileT::at(b_col + B_COLS * (4 * q + i), b_chunk)],
                        b_src + (size_t)(row[i] < 0 ? 0 : row[i]) * K + kt * BK, row[i] < 0 ? 0 : 16);
         }
         mbar_arrive_on_copies(&full[slot]);  // the stage is full once all 128 threads' copies landed
@@ -249,31 +260,46 @@ __device__ __forceinline__ void moe_gemm_ws_body(
         const StageT& s = stages[slot];
         SelWord sel[MT][2];
         if constexpr (SAMOYEDS) stage_sel<MT, SEGS, A_ROWS>(sel, sel_tiles[slot].byte, sel_rows);
-        // Metadata of the warp's rows g and g + 8 for the stage's 4 k-steps: one 16-byte row each, and k-step ks
-        // takes halfword 2 ks + (t & 1) of both (lanes 4g, 4g + 1 carry inputs 0-15 and 16-31 of the step).
-        unsigned e[MT][4];
-        [[maybe_unused]] uint4 a8[MT][2];  // FP8: rows g and g + 8 of each m tile, this thread's 16 bytes
+        // Metadata of the warp's rows g and g + 8 for the stage's k-steps: one 16-byte row each (8 halfwords of 16
+        // inputs). T x T: k-step ks takes halfword 2 ks + (t & 1) of both (lanes 4g, 4g + 1 carry inputs 0-15 and
+        // 16-31 of the step); FP8 x FP8: lane t takes word 2 ks + (t >> 1) of row g + 8 (t & 1) (wgmma_sp_e4m3).
+        unsigned e[MT][KSTEPS];
+        // FP8 values: this thread's 16 bytes of rows g and g + 8 of each m tile (T x T), or chunks 2 (t & 1) and
+        // 2 (t & 1) + 1 of both rows (FP8 x FP8: e4m3_fragment)
+        [[maybe_unused]] uint4 a8[MT][2][ACT8 ? 2 : 1];
 #pragma unroll
         for (int h = 0; h < MT; ++h) {
           const int mr = (consumer * MT + h) * SLAB + wrow0 + g;
           if constexpr (FP8) {
-            a8[h][0] = s.a.chunk[mr * 4 + t];
-            a8[h][1] = s.a.chunk[(mr + 8) * 4 + t];
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+              for (int c = 0; c < (ACT8 ? 2 : 1); ++c)
+                a8[h][r][c] = s.a.chunk[(mr + 8 * r) * 4 + fp8_chunk_at(mr, ACT8 ? 2 * (t & 1) + c : t)];
           }
           const uint4 lo = *reinterpret_cast<const uint4*>(&s.meta.half[mr * 8]);
           const uint4 hi = *reinterpret_cast<const uint4*>(&s.meta.half[(mr + 8) * 8]);
-          const unsigned pick = (t & 1) ? 0x7632 : 0x5410;
-          e[h][0] = __byte_perm(lo.x, hi.x, pick);
-          e[h][1] = __byte_perm(lo.y, hi.y, pick);
-          e[h][2] = __byte_perm(lo.z, hi.z, pick);
-          e[h][3] = __byte_perm(lo.w, hi.w, pick);
+          if constexpr (ACT8) {
+            const bool odd_row = t & 1, second = t >> 1;  // selects: no indexed registers (a stack frame)
+            e[h][0] = second ? (odd_row ? hi.y : lo.y) : (odd_row ? hi.x : lo.x);
+            e[h][1] = second ? (odd_row ? hi.w : lo.w) : (odd_row ? hi.z : lo.z);
+          } else {
+            const unsigned pick = (t & 1) ? 0x7632 : 0x5410;
+            e[h][0] = __byte_perm(lo.x, hi.x, pick);
+            e[h][1] = __byte_perm(lo.y, hi.y, pick);
+            e[h][2] = __byte_perm(lo.z, hi.z, pick);
+            e[h][3] = __byte_perm(lo.w, hi.w, pick);
+          }
         }
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
+        for (int ks = 0; ks < KSTEPS; ++ks) {
           [[maybe_unused]] unsigned a[MT][4];  // FP8: this k-step's A fragments
-          if constexpr (FP8) {
+          if constexpr (ACT8) {
 #pragma unroll
-            for (int h = 0; h < MT; ++h) fp8_fragment<T>(a[h], a8[h], ks);
+            for (int h = 0; h < MT; ++h) e4m3_fragment(a[h], a8[h], t, ks);
+          } else if constexpr (FP8) {
+#pragma unroll
+            for (int h = 0; h < MT; ++h) fp8_fragment<T>(a[h], {a8[h][0][0], a8[h][1][0]}, ks);
           }
           if (FP8 || ks % SEG_STEPS == 0) {  // new A registers, or a segment starts (2:4: the stage)
             if (SAMOYEDS && ks % SEG_STEPS == 0) {
@@ -285,11 +311,14 @@ __device__ __forceinline__ void moe_gemm_ws_body(
             wgmma_fence();
           }
           // k-step ks: 16 compressed values (32 B) into each A row, 32 inputs (64 B) into the B rows of panel
-          // ks / 2; row 0 of each tile is unswizzled, so those are the start addresses.
-          const unsigned long long b_desc = sw128_desc(&s.b.chunk[BTile<BN>::at(0, ks * 4)]);
+          // ks / 2 (FP8 x FP8: 64 inputs, 64 B, of the one panel); row 0 of each tile is unswizzled, so those are
+          // the start addresses.
+          const unsigned long long b_desc = sw128_desc(&s.b.chunk[BTileT::at(0, ks * 4)]);
 #pragma unroll
           for (int h = 0; h < MT; ++h) {
-            if constexpr (FP8)
+            if constexpr (ACT8)
+              wgmma_sp_e4m3<BN>(acc[h], a[h], b_desc, e[h][ks]);
+            else if constexpr (FP8)
               wgmma_sp_rs<T, BN>(acc[h], a[h], b_desc, e[h][ks]);
             else
               wgmma_sp_ss<T, BN>(acc[h], sw128_desc(&s.a.chunk[(consumer * MT + h) * SLAB * 8 + ks * 2]),
@@ -306,6 +335,8 @@ __device__ __forceinline__ void moe_gemm_ws_body(
       if constexpr (FP8)
         scale_rows<SAMOYEDS, GATE_UP>(acc, acc_odd, crow, lane,
                                       scale + (size_t)info.expert * (GATE_UP ? 2 : 1) * N_out, N_out);
+      if constexpr (ACT8 && GATE_UP)  // GEMM 2 applies the columns' scales with their routing weights
+        scale_columns<SAMOYEDS>(acc, acc_odd, lane, [&](int n) { return info.weight[n]; });
       store_tile<T, SAMOYEDS, GATE_UP>(
           acc, acc_odd, crow, lane, [&](int n) { return info.slot[n]; },
           [&](int n, int) { return info.weight[n]; }, out, partial, N_out, slots);
@@ -316,13 +347,15 @@ __device__ __forceinline__ void moe_gemm_ws_body(
 
 
 // The kernel: as moe_gemm, the operands as restrict-qualified arguments of the body; work items are (token tile,
-// row block) pairs, row blocks of CONSUMERS x MT x 64 condensed rows (per half for GATE_UP).
-template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP>
+// row block) pairs, row blocks of CONSUMERS x MT x 64 condensed rows (per half for GATE_UP). ACT8: the B rows are
+// the FP8 copies quantize_rows made, multiplied by e4m3 wgmma.sp (FP8 values only).
+template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP, bool ACT8>
 __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(const __grid_constant__ MoEParams p) {
   const GemmOperands<T, GATE_UP> op{p};
   const int row_blocks = (GATE_UP ? op.R() / 2 : op.R()) / (ws::CONSUMERS * (GATE_UP ? 1 : 2) * WS_SLAB);
-  moe_gemm_ws_body<T, FP8, SAMOYEDS, V, BN, GATE_UP>(
-      op.x(), op.template values<typename ValueOf<T, FP8>::type>(), op.meta(), op.rowsel(), op.scale(), op.out(),
+  moe_gemm_ws_body<T, FP8, SAMOYEDS, V, BN, GATE_UP, ACT8>(
+      op.template b_rows<ACT8>(), op.b_scale(), op.template values<typename ValueOf<T, FP8>::type>(), op.meta(),
+      op.rowsel(), op.scale(), op.out(),
       op.partial(), p.tile_expert, p.tile_start, p.tile_rows,
       p.sorted_slot, p.topk_weights, op.R(), op.K(), p.top_k, op.N_out(), p.slots, row_blocks, p.num_tiles);
 }

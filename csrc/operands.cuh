@@ -22,6 +22,13 @@ struct GemmOperands {
   __device__ __forceinline__ const PackedExperts& weights() const { return GATE_UP ? p.w13 : p.w2; }
   // B rows. GATE_UP: x [tokens, K]; else act [slots, K] in sorted order
   __device__ __forceinline__ const T* x() const { return static_cast<const T*>(GATE_UP ? p.x : p.act); }
+  // The B rows a GEMM reads: x() (T), or their FP8 copies (quantize.cuh) with one scale per row
+  template <bool ACT8>
+  __device__ __forceinline__ const typename Pick<ACT8, uint8_t, T>::type* b_rows() const {
+    if constexpr (ACT8) return static_cast<const uint8_t*>(GATE_UP ? p.x_fp8 : p.act_fp8);
+    else return x();
+  }
+  __device__ __forceinline__ const float* b_scale() const { return GATE_UP ? p.x_scale : p.act_scale; }
   // T, or the bytes of FP8 values
   template <typename W = T>
   __device__ __forceinline__ const W* values() const { return static_cast<const W*>(weights().values); }

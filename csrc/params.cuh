@@ -39,11 +39,15 @@ struct MoEParams {
   // GEMM 1, gate and up: act = SiLU(x W1^T) * (x W3^T)
   PackedExperts w13;
   const void* x;                 // [tokens, hidden], read in place through the routing index
+  void* x_fp8;                   // FP8 activations: x as e4m3 bytes [tokens, hidden] (quantize.cuh), else null
+  float* x_scale;                // FP8 activations: [tokens] the scale of each row of x_fp8
   void* act;                     // [slots, inter] by sorted position
   float* gate_up_partial;        // [gate_up_splits, slots, 2 inter] fp32 split-K partial sums (gate | up), or null
   int gate_up_splits;            // split-K factor of GEMM 1 (its gridDim.z)
   // GEMM 2, down: y[slot] = topk_weight[slot] * W2 act
   PackedExperts w2;
+  void* act_fp8;                 // FP8 activations: act as e4m3 bytes [slots, inter], else null
+  float* act_scale;              // FP8 activations: [slots] the scale of each row of act_fp8
   void* y;                       // [down_splits, slots, hidden]: the activations' dtype, fp32 partials when split
   int down_splits;               // split-K factor of GEMM 2 (its gridDim.z)
   // The sum over each token's top-k slots

@@ -34,6 +34,10 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
                : "r"(smem_addr(p)));
 }
 
+// A if C, else B (NVRTC has no <type_traits>).
+template <bool C, typename A, typename B> struct Pick { using type = A; };
+template <typename A, typename B> struct Pick<false, A, B> { using type = B; };
+
 // The tensor-core type name of an activation type, for the instruction strings below ("bf16" or "f16").
 template <typename T> constexpr bool IS_BF16 = false;
 template <> constexpr bool IS_BF16<__nv_bfloat16> = true;
@@ -153,6 +157,41 @@ __device__ __forceinline__ void wgmma_sp_ss(float (&d)[N / 8][4], unsigned long 
 }
 #undef SAMOYEDS_WGMMA_SP_SS_N64
 #undef SAMOYEDS_WGMMA_SP_SS_N128
+
+// FP8 activations: the product with both operands float8 e4m3, 64 weight rows x N tokens x 64 inputs per
+// instruction, at twice the rate of T x T. A from registers: the mma.sp m16n8k64 fragment of the warp's 16 rows
+// (a[0] row g, compressed bytes 4t .. 4t + 3 of the k-step, the first in the low byte; a[1] row g + 8; a[2], a[3]
+// bytes 16 + 4t ..), B (N tokens x 64 inputs of one byte) from 128-byte-swizzled shared memory, D as above. The
+// metadata word of lane t holds 8 consecutive 4-input groups of one row, row g + 8 (t & 1), groups 8 (t >> 1) ..:
+// not bf16's layout (tests/gpu/test_sparse_mma_layouts.py checks it). The tensor cores add the products with fewer
+// bits than fp32 (about 2^-12 of the largest output on an H100).
+#define SAMOYEDS_WGMMA_SP_E4M3_N64                                                                                     \
+  asm volatile(                                                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                                       \
+      "wgmma.mma_async.sp.sync.aligned.m64n64k64.f32.e4m3.e4m3 "                                                       \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"        \
+      "%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, %37, 0, p, 1, 1;\n}\n"                                                 \
+      : SAMOYEDS_D_0_7                                                                                                 \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(e))
+#define SAMOYEDS_WGMMA_SP_E4M3_N128                                                                                    \
+  asm volatile(                                                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                                       \
+      "wgmma.mma_async.sp.sync.aligned.m64n128k64.f32.e4m3.e4m3 "                                                      \
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"        \
+      "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,"           \
+      "%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, %69, 0, p, 1, 1;\n}\n"                    \
+      : SAMOYEDS_D_0_7, SAMOYEDS_D_8_15                                                                                \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(e))
+
+template <int N>
+__device__ __forceinline__ void wgmma_sp_e4m3(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b_desc,
+                                              unsigned e) {
+  static_assert(N == 64 || N == 128, "token tiles of 64 or 128");
+  if constexpr (N == 64) SAMOYEDS_WGMMA_SP_E4M3_N64;
+  else SAMOYEDS_WGMMA_SP_E4M3_N128;
+}
+#undef SAMOYEDS_WGMMA_SP_E4M3_N64
+#undef SAMOYEDS_WGMMA_SP_E4M3_N128
 #undef SAMOYEDS_D_0_7
 #undef SAMOYEDS_D_8_15
 
@@ -215,6 +254,16 @@ __device__ __forceinline__ void regs_grow() {
 // apart, 8-row atoms 1 KB apart.
 __device__ __forceinline__ unsigned long long sw128_desc(const void* p) {
   return (unsigned long long)((smem_addr(p) & 0x3FFFF) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
+}
+
+// Two floats as float8 e4m3 bytes, rounded to nearest and saturated to +-448, `first` in the low byte (sm_89+;
+// cvt puts its first source in the high half).
+__device__ __forceinline__ unsigned short e4m3x2(float first, float second) {
+  unsigned short r = 0;
+#if __CUDA_ARCH__ >= 890
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(second), "f"(first));
+#endif
+  return r;
 }
 
 template <typename T> __device__ __forceinline__ T from_float(float v);

@@ -14,6 +14,7 @@
 //   rowsel [E, R, K/V]  uint8 (samoyeds): which row of pair r receives condensed row r in segment s; stored
 //                       segment-major ([E, K/V, R] in memory: kernels/weights.py), so the selections of a run
 //                       of rows in one segment are contiguous bytes that the copies bring in with each stage
+//   (FP8 activations: quantize.cuh makes the e4m3 copies of x and act that GEMM 1 and GEMM 2 then read.)
 // The other headers: ptx.cuh (instruction wrappers), tiles.cuh (shared-memory tiles), operands.cuh (a GEMM's
 // operands), fold.cuh (samoyeds row pairs in one accumulator set), epilogue.cuh (accumulators to outputs),
 // config.cuh (constants shared with the host code).
@@ -22,5 +23,6 @@
 #include "gemm_mma.cuh"
 #include "gemm_ws.cuh"
 #include "params.cuh"
+#include "quantize.cuh"
 #include "reduce.cuh"
 #include "routing.cuh"

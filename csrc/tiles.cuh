@@ -20,13 +20,19 @@ template <int BN> struct BTile {
   // at (c % 8) ^ (n % 8): the 128-byte-swizzled K-major layout wgmma reads, and conflict-free for ldmatrix.
   static __device__ __forceinline__ int at(int n, int c) { return (c >> 3) * BN * 8 + n * 8 + ((c & 7) ^ (n & 7)); }
 };
+// FP8 activations: BN tokens x 128 one-byte inputs, one 128-byte row per token (chunk c: 16 inputs), the same
+// swizzle, so a 64-input k-step starts at chunk 4 j of row 0.
+template <int BN> struct BTile8 {
+  uint4 chunk[BN * 8];
+  static __device__ __forceinline__ int at(int n, int c) { return n * 8 + (c ^ (n & 7)); }
+};
 template <int ROWS> struct MetaTile { uint16_t half[ROWS * 8]; };
 
 // A_ROWS: all weight rows of the block (gate rows then up rows for GATE_UP); VALUE_BYTES: 2, or 1 for FP8 values,
-// whose rows of 64 one-byte values fill A_ROWS / 2 rows of 128 B.
-template <int BN, int A_ROWS, int VALUE_BYTES = 2>
+// whose rows of 64 one-byte values fill A_ROWS / 2 rows of 128 B; ACT8: the tokens are FP8 too (BTile8).
+template <int BN, int A_ROWS, int VALUE_BYTES = 2, bool ACT8 = false>
 struct Stage {  // every member a multiple of 1 KB for A_ROWS % 64 == 0, so b stays 1 KB aligned (wgmma swizzle atoms)
-  BTile<BN> b;
+  typename Pick<ACT8, BTile8<BN>, BTile<BN>>::type b;
   ATile<A_ROWS * VALUE_BYTES / 2> a;
   MetaTile<A_ROWS> meta;
 };
@@ -68,6 +74,26 @@ __device__ __forceinline__ void fp8_fragment(unsigned (&a)[4], const uint4 (&row
   a[1] = fp8x2_to<T, false>(g8_row);
   a[2] = fp8x2_to<T, true>(g_row);
   a[3] = fp8x2_to<T, true>(g8_row);
+}
+
+// Where chunk c (of 4) of FP8 row r sits in the ws kernel's A tile: rows of 64 B, the chunks XOR-swizzled by bits
+// 1-2 of the row, so the rows g = 0, 2, 4, 6 (which share banks) read by one load spread over the banks instead of
+// hitting the same four (4-way conflicts, halved to 2-way for FP8 x FP8's two chunks per row: e4m3_fragment).
+__device__ __forceinline__ int fp8_chunk_at(int r, int c) { return c ^ ((r >> 1) & 3); }
+
+// FP8 values and FP8 activations: the A fragment of 64-input k-step j for wgmma_sp_e4m3 (a[0] row g, compressed
+// bytes 4t .. 4t + 3 of the step; a[1] row g + 8; a[2], a[3] bytes 16 + 4t ..) from the rows in fp8_fragment's
+// order (byte 16 t' + 4 ks + 2 hi + lo is column 8 hi + 2 t' + lo of 32-input step ks). Bytes 4t .. 4t + 3 of the
+// step are the halves hi = t >> 1 of the words of chunks (threads) t' = 2 (t & 1) and t' + 1 at ks = 2 j, bytes
+// 16 + 4t .. the same at ks = 2 j + 1: rows[r][c] is chunk 2 (t & 1) + c of row g + 8 r, all four k-steps.
+__device__ __forceinline__ void e4m3_fragment(unsigned (&a)[4], const uint4 (&rows)[2][2], int t, int j) {
+  const unsigned pick = (t >> 1) ? 0x7632 : 0x5410;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint4 &c0 = rows[r][0], &c1 = rows[r][1];
+    a[r] = __byte_perm(j == 0 ? c0.x : c0.z, j == 0 ? c1.x : c1.z, pick);
+    a[2 + r] = __byte_perm(j == 0 ? c0.y : c0.w, j == 0 ? c1.y : c1.w, pick);
+  }
 }
 
 // Where the weights are in global memory. Packed values and metadata are stored tiled (kernels/weights.py): each

@@ -48,10 +48,11 @@ def pattern_template_args(pattern: Pattern) -> tuple[bool, int]:
     return pattern.is_samoyeds, pattern.segment if pattern.is_samoyeds else BK
 
 
-def stage_bytes(token_tile: int, a_rows: int, value_bytes: int = 2) -> int:
-    """sizeof(Stage<BN, A_ROWS, VALUE_BYTES>) of csrc/tiles.cuh: the B tile (BN x 128 2-byte inputs), the A tile
-    (A_ROWS x 64 values of value_bytes: 2, or 1 for FP8) and the metadata tile (A_ROWS x 8 halfwords)."""
-    return token_tile * BK * 2 + a_rows * (BK // 2) * value_bytes + a_rows * (BK // 16) * 2
+def stage_bytes(token_tile: int, a_rows: int, value_bytes: int = 2, act_bytes: int = 2) -> int:
+    """sizeof(Stage<BN, A_ROWS, VALUE_BYTES, ACT8>) of csrc/tiles.cuh: the B tile (BN x 128 inputs of act_bytes:
+    2, or 1 for FP8 activations), the A tile (A_ROWS x 64 values of value_bytes: 2, or 1 for FP8) and the metadata
+    tile (A_ROWS x 8 halfwords)."""
+    return token_tile * BK * act_bytes + a_rows * (BK // 2) * value_bytes + a_rows * (BK // 16) * 2
 
 
 def template_name(kernel: str, *args) -> str:
@@ -99,17 +100,25 @@ class BlockShape:
     def stages(self, token_tile: int, fp8: bool = False) -> int:
         return WS_STAGES[token_tile, fp8] if self.kind == "ws" else STAGES
 
-    def shared_bytes(self, token_tile: int, fp8: bool = False) -> int:
+    def shared_bytes(self, token_tile: int, fp8: bool = False, fp8_activations: bool = False) -> int:
         """Dynamic shared memory: the pipeline's stages, plus 1 KB to align them (aligned_stages in tiles.cuh)."""
-        return self.stages(token_tile, fp8) * stage_bytes(token_tile, self.a_rows, 1 if fp8 else 2) + 1024
+        stage = stage_bytes(token_tile, self.a_rows, 1 if fp8 else 2, 1 if fp8_activations else 2)
+        return self.stages(token_tile, fp8) * stage + 1024
 
     def kernel_name(
-        self, dtype: torch.dtype, pattern: Pattern, token_tile: int, gate_up: bool, fp8: bool = False
+        self,
+        dtype: torch.dtype,
+        pattern: Pattern,
+        token_tile: int,
+        gate_up: bool,
+        fp8: bool = False,
+        fp8_activations: bool = False,
     ) -> str:
-        """dtype: the activations'; fp8: the values are FP8."""
+        """dtype: the activations'; fp8: the values are FP8; fp8_activations: the ws kernel multiplies FP8 copies of
+        the activations (FP8 x FP8)."""
         samoyeds, segment = pattern_template_args(pattern)
         if self.kind == "ws":
-            return template_name("moe_gemm_ws", dtype, fp8, samoyeds, segment, token_tile, gate_up)
+            return template_name("moe_gemm_ws", dtype, fp8, samoyeds, segment, token_tile, gate_up, fp8_activations)
         return template_name(
             "moe_gemm", dtype, fp8, samoyeds, segment, token_tile, gate_up, self.warps, self.slabs, self.kind == "wgmma"
         )

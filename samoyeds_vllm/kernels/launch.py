@@ -6,6 +6,8 @@ Kernels run on torch's current stream with no host synchronisation, so vLLM capt
 2. GEMM 1 (gate and up, SiLU(gate) * up fused) reading the tokens' rows of x in place through the index;
 3. GEMM 2 (down, routing weight fused) writing each slot's output row;
 4. the sum over the top-k slots of each token (a fixed order: deterministic).
+With FP8 values, Hopper's ws kernel multiplies FP8 copies of its activations (e4m3 bytes and a scale per row, made
+by one small kernel before each GEMM: csrc/quantize.cuh) unless a kernel config says otherwise.
 Batches too small to fill the GPU split K over blockIdx.z into fp32 partials, which the SiLU kernel after GEMM 1
 and step 4 reduce. SAMOYEDS_POISON=1 (tests) fills the intermediate activations with NaN before GEMM 1, so an
 element the kernels fail to write shows up in the output.
@@ -64,6 +66,9 @@ def moe_experts(
     z1, z2 = plan.gate_up.splits, plan.down.splits
     gate_up_partial = torch.empty(z1, slots, 2 * shape.inter, dtype=torch.float32, device=x.device) if z1 > 1 else None
     y = torch.empty(z2, slots, shape.hidden, dtype=torch.float32 if z2 > 1 else x.dtype, device=x.device)
+    # FP8 activations: e4m3 copies of x and act with a scale per row (quantize_rows), for the GEMMs that read them
+    x_fp8, x_scale = _fp8_copy(plan.gate_up.fp8_activations, shape.tokens, shape.hidden, x.device)
+    act_fp8, act_scale = _fp8_copy(plan.down.fp8_activations, slots, shape.inter, x.device)
     out = torch.empty(shape.tokens, shape.hidden, dtype=x.dtype, device=x.device)
 
     rows13, rows2 = shape.packed_rows(pattern)
@@ -87,10 +92,14 @@ def moe_experts(
             chunks=plan.chunks,
             w13=PackedExperts(ptr(w13.values), ptr(w13.meta), ptr(w13.rowsel), ptr(w13.scale), rows13),
             x=ptr(x),
+            x_fp8=ptr(x_fp8),
+            x_scale=ptr(x_scale),
             act=ptr(act),
             gate_up_partial=ptr(gate_up_partial),
             gate_up_splits=z1,
             w2=PackedExperts(ptr(w2.values), ptr(w2.meta), ptr(w2.rowsel), ptr(w2.scale), rows2),
+            act_fp8=ptr(act_fp8),
+            act_scale=ptr(act_scale),
             y=ptr(y),
             down_splits=z2,
             out=ptr(out),
@@ -112,8 +121,20 @@ def moe_experts(
         if plan.chunks:
             launch(template_name("scatter_slots"), (plan.chunks,), ROUTE_THREADS)
         for gemm in (plan.gate_up, plan.down):
+            if gemm.quantize_kernel:
+                launch(gemm.quantize_kernel, gemm.quantize_grid, ELEMENTWISE_THREADS)
             launch(gemm.kernel, gemm.grid, gemm.threads, gemm.shared_bytes)
             if gemm.gate_up and plan.silu_kernel:
                 launch(plan.silu_kernel, plan.silu_grid, ELEMENTWISE_THREADS)
         launch(plan.sum_kernel, plan.sum_grid, ELEMENTWISE_THREADS)
     return out
+
+
+def _fp8_copy(wanted: bool, rows: int, cols: int, device: torch.device) -> tuple[torch.Tensor | None, ...]:
+    """The e4m3 bytes [rows, cols] and fp32 row scales quantize_rows writes, or (None, None)."""
+    if not wanted:
+        return None, None
+    return (
+        torch.empty(rows, cols, dtype=torch.uint8, device=device),
+        torch.empty(rows, dtype=torch.float32, device=device),
+    )

@@ -52,10 +52,14 @@ class MoEParams:
     chunks: int
     w13: PackedExperts
     x: Ptr
+    x_fp8: Ptr
+    x_scale: Ptr
     act: Ptr
     gate_up_partial: Ptr
     gate_up_splits: int
     w2: PackedExperts
+    act_fp8: Ptr
+    act_scale: Ptr
     y: Ptr
     down_splits: int
     out: Ptr

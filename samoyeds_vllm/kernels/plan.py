@@ -103,12 +103,14 @@ def _device(device: torch.device) -> Device:
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """One GEMM's choices: its block shape (kind, warps and slabs together, or none of them) and split-K factor."""
+    """One GEMM's choices: its block shape (kind, warps and slabs together, or none of them), split-K factor, and
+    for FP8 values on Hopper's ws kernel whether the activations are quantized to FP8 too (FP8 x FP8 MMAs)."""
 
     kind: str | None = None
     warps: int | None = None
     slabs: int | None = None
     splits: int | None = None
+    fp8_activations: bool | None = None
 
     @property
     def block(self) -> BlockShape | None:
@@ -260,6 +262,17 @@ def splits_heuristic(row_blocks: int, slots: int, num_experts: int, token_tile: 
     return max(1, min(math.ceil(1.5 * wanted / blocks), MAX_SPLITS, k_tiles // 4))
 
 
+def fp8_activations_allowed(block: BlockShape, pattern: Pattern, fp8: bool) -> bool:
+    """Whether a GEMM can multiply FP8 copies of its activations: FP8 values in the ws kernel (e4m3 wgmma.sp), with
+    segments of whole 64-input k-steps."""
+    return fp8 and block.kind == "ws" and (not pattern.is_samoyeds or pattern.segment % 64 == 0)
+
+
+def quantize_grid(rows: int, sms: int) -> tuple[int, int, int]:
+    """quantize_rows: one warp per row, ELEMENTWISE_THREADS / 32 rows per block, at most 16 blocks per SM."""
+    return (max(1, min(-(-rows // (ELEMENTWISE_THREADS // 32)), 16 * sms)), 1, 1)
+
+
 def num_tiles(slots: int, num_experts: int, token_tile: int) -> int:
     """Upper bound on token tiles from the shapes alone: each expert with tokens wastes at most one partial tile."""
     return -(-slots // token_tile) + min(num_experts, slots)
@@ -295,6 +308,9 @@ class GemmPlan:
     grid: tuple[int, int, int]
     threads: int
     shared_bytes: int
+    fp8_activations: bool = False  # the GEMM reads FP8 copies of its activations ...
+    quantize_kernel: str | None = None  # ... which this kernel makes before it
+    quantize_grid: tuple[int, int, int] = (1, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -369,15 +385,26 @@ def _plan(
             grid = (min(row_blocks * tiles, device.sms), 1, splits)
         else:
             grid = (row_blocks, tiles, splits)
+        fp8_acts = gemm_config.fp8_activations
+        if fp8_acts is None:
+            fp8_acts = fp8_activations_allowed(block, pattern, fp8)
+        elif fp8_acts and not fp8_activations_allowed(block, pattern, fp8):
+            raise SamoyedsError(
+                f"kernel config: {what} FP8 activations need FP8 values in a ws block and segments of whole "
+                f"64-input k-steps (here: {'FP8' if fp8 else 'non-FP8'} values, {block.kind} block, {pattern})"
+            )
         return GemmPlan(
             gate_up,
             block,
             row_blocks,
             splits,
-            block.kernel_name(dtype, pattern, token_tile, gate_up, fp8),
+            block.kernel_name(dtype, pattern, token_tile, gate_up, fp8, fp8_acts),
             grid,
             block.threads,
-            block.shared_bytes(token_tile, fp8),
+            block.shared_bytes(token_tile, fp8, fp8_acts),
+            fp8_acts,
+            template_name("quantize_rows", dtype, gate_up) if fp8_acts else None,
+            quantize_grid(shape.tokens if gate_up else slots, device.sms),
         )
 
     gate_up, down = gemm(True, config.gate_up), gemm(False, config.down)
@@ -398,14 +425,18 @@ def _plan(
 
 def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False) -> list[str]:
     """Every kernel of one compiled module (dtype, pattern, GPU architecture, FP8 values or not): the GEMMs of every
-    token tile and block shape a plan can choose, the routing index and the reductions."""
+    token tile and block shape a plan can choose (with FP8 activations where they can run), the routing index, the
+    reductions and the activations' FP8 quantization."""
     samoyeds, hopper = pattern.is_samoyeds, arch == "sm_90a"
     names = [
-        block.kernel_name(dtype, pattern, bn, gate_up, fp8)
+        block.kernel_name(dtype, pattern, bn, gate_up, fp8, fp8_acts)
         for bn in token_tiles(samoyeds, hopper)
         for gate_up in (True, False)
         for block in block_shapes(bn, gate_up, samoyeds, hopper)
+        for fp8_acts in {False, fp8_activations_allowed(block, pattern, fp8)}
     ]
+    if fp8 and hopper:
+        names += [template_name("quantize_rows", dtype, gate_up) for gate_up in (True, False)]
     names += [template_name(k) for k in ("build_routing_index", "count_slots", "scatter_slots")]
     names.append(template_name("silu_mul_splits", dtype))
     names += [template_name("sum_slots", dtype, src, vec) for src in (dtype, torch.float32) for vec in (1, SUM_VEC)]

@@ -97,9 +97,43 @@ def run_sparse(p: MoEProblem) -> torch.Tensor:
     return moe_experts(p.x, p.topk_weights, p.topk_ids, p.packed13, p.packed2, p.pattern)
 
 
-def reference(p: MoEProblem) -> torch.Tensor:
-    """The layer in fp32 from the dense (pruned) weights, expert by expert."""
-    return moe_reference(p.x, p.topk_weights, p.topk_ids, lambda expert: (p.w13[expert], p.w2[expert]))
+def reference(p: MoEProblem, fp8_activations: tuple[bool, bool] = (False, False)) -> torch.Tensor:
+    """The layer in fp32 from the dense (pruned) weights, expert by expert. fp8_activations: GEMM 1 / GEMM 2 read
+    their activations quantized as the kernels' FP8 x FP8 path does (x per token, and the intermediate activation,
+    stored in x's dtype first, per slot; planned_fp8_activations says when the kernels do)."""
+    if not any(fp8_activations):
+        return moe_reference(p.x, p.topk_weights, p.topk_ids, lambda expert: (p.w13[expert], p.w2[expert]))
+    quantize_x, quantize_act = fp8_activations
+    x = quantize_rows(p.x) if quantize_x else p.x.float()
+    out = torch.zeros(p.x.shape, dtype=torch.float32, device=p.x.device)
+    ids, weights = p.topk_ids.reshape(-1), p.topk_weights.reshape(-1).float()
+    token_of = torch.arange(p.x.shape[0], device=p.x.device).repeat_interleave(p.topk_ids.shape[1])
+    for expert in ids[ids >= 0].unique().tolist():
+        slots = (ids == expert).nonzero().squeeze(1)
+        gate, up = (x[token_of[slots]] @ p.w13[expert].float().T).chunk(2, dim=-1)
+        act = (torch.nn.functional.silu(gate) * up).to(p.x.dtype)
+        act = quantize_rows(act) if quantize_act else act.float()
+        out.index_add_(0, token_of[slots], (act @ p.w2[expert].float().T) * weights[slots, None])
+    return out
+
+
+def quantize_rows(rows: torch.Tensor) -> torch.Tensor:
+    """What csrc/quantize.cuh makes of a GEMM's activation rows, dequantized (fp32): float8 e4m3 values with one
+    scale per row, its largest magnitude / 448."""
+    r = rows.float()
+    amax = r.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(amax > 0, 448.0 / amax, torch.zeros_like(amax))
+    return (r * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * (amax / 448.0)
+
+
+def planned_fp8_activations(p: MoEProblem) -> tuple[bool, bool]:
+    """Whether the kernels' plan for this problem (on its GPU, under any override_config) quantizes the activations
+    of GEMM 1 and of GEMM 2: FP8 values in Hopper's ws kernel."""
+    if p.packed13 is None or p.packed13.scale is None or not p.x.is_cuda:
+        return False, False
+    shape = kernels.LayerShape(p.x.shape[0], p.topk_ids.shape[1], p.w13.shape[0], p.x.shape[1], p.w2.shape[2])
+    plan = kernels.plan_moe(shape, p.pattern, p.x.dtype, kernels.device_of(p.x.device), fp8=True)
+    return plan.gate_up.fp8_activations, plan.down.fp8_activations
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

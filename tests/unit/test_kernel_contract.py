@@ -57,13 +57,14 @@ def compiled_layout(tmp_path_factory) -> dict[str, int]:
     fields = _fields(params.MoEParams)
     stages = sorted(
         {
-            (bn, shape.a_rows, 1 if fp8 else 2)
+            (bn, shape.a_rows, 1 if fp8 else 2, 1 if fp8_acts else 2)
             for samoyeds in (True, False)
             for hopper in (True, False)
             for fp8 in (True, False)
             for bn in token_tiles(samoyeds, hopper)
             for gate_up in (True, False)
             for shape in block_shapes(bn, gate_up, samoyeds, hopper)
+            for fp8_acts in {False, fp8 and shape.kind == "ws"}
         }
     )
     lines = [
@@ -79,7 +80,8 @@ def compiled_layout(tmp_path_factory) -> dict[str, int]:
     lines += [f'  printf("{path} %zu\\n", (size_t)((char*)&p.{path} - (char*)&p));' for path, _ in fields]
     lines += [f'  printf("{name} %d\\n", {name});' for name in geometry.CONSTANTS]
     lines += [
-        f'  printf("stage_{bn}_{rows}_{vb} %zu\\n", sizeof(Stage<{bn}, {rows}, {vb}>));' for bn, rows, vb in stages
+        f'  printf("stage_{bn}_{rows}_{vb}_{ab} %zu\\n", sizeof(Stage<{bn}, {rows}, {vb}, {str(ab == 1).lower()}>));'
+        for bn, rows, vb, ab in stages
     ]
     lines += ["  return 0;", "}"]
     work = tmp_path_factory.mktemp("contract")
@@ -107,8 +109,8 @@ def test_constants_are_read_as_compiled(compiled_layout):
 def test_stage_sizes_match_the_plans_shared_memory(compiled_layout):
     for key, size in compiled_layout.items():
         if key.startswith("stage_"):
-            _, bn, rows, value_bytes = key.split("_")
-            assert geometry.stage_bytes(int(bn), int(rows), int(value_bytes)) == size, key
+            _, bn, rows, value_bytes, act_bytes = key.split("_")
+            assert geometry.stage_bytes(int(bn), int(rows), int(value_bytes), int(act_bytes)) == size, key
     assert BlockShape("ws", 8, 2).a_rows == 256
 
 
@@ -122,4 +124,4 @@ def test_every_kernel_takes_the_one_parameter_struct():
         ):
             kernels += 1
             assert params_list == "const __grid_constant__ MoEParams p", (path.name, name, params_list)
-    assert kernels == 7  # 3 routing, 2 GEMM, 2 reductions
+    assert kernels == 8  # 3 routing, 2 GEMM, 2 reductions, the FP8 quantization of activations

@@ -14,7 +14,7 @@ from samoyeds_vllm.format import PackedWeight, Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape, override_config, plan_moe, prepare_weights
 from samoyeds_vllm.kernels import plan as kernel_plan
 from samoyeds_vllm.kernels.geometry import BlockShape
-from samoyeds_vllm.kernels.plan import Device, splits_heuristic, token_tile_heuristic
+from samoyeds_vllm.kernels.plan import Device, compiled_kernels, splits_heuristic, token_tile_heuristic
 
 SMS = 132  # H100 SXM
 H100 = Device("NVIDIA H100 80GB HBM3", (9, 0), SMS, "sm_90a")
@@ -67,13 +67,13 @@ def test_plans_of_the_qwen3_layer_on_an_h100():
     assert prefill.token_tile == 64 and prefill.chunks == 16384 * 8 // 2048
     assert prefill.gate_up.block == BlockShape("ws", 8, 2) and prefill.gate_up.grid[0] == SMS
     assert prefill.gate_up.threads == 384 and prefill.gate_up.shared_bytes == 4 * (64 * 256 + 256 * 144) + 1024
-    assert prefill.gate_up.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, false, true, 128, 64, true>"
+    assert prefill.gate_up.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, false, true, 128, 64, true, false>"
     assert prefill.silu_kernel is None and prefill.sum_kernel.endswith(", 8>")
 
     two_four = plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.float16, H100)
     assert (
         two_four.token_tile == 128
-        and two_four.down.kernel == "samoyeds::moe_gemm_ws<__half, false, false, 128, 128, false>"
+        and two_four.down.kernel == "samoyeds::moe_gemm_ws<__half, false, false, 128, 128, false, false>"
     )
     before_hopper = plan_moe(LayerShape(16384, **QWEN3), SAMOYEDS, torch.bfloat16, A100)
     assert before_hopper.gate_up.block == BlockShape("mma", 8, 2)
@@ -81,20 +81,52 @@ def test_plans_of_the_qwen3_layer_on_an_h100():
 
 def test_fp8_values_run_the_same_kernels_with_their_flag():
     """FP8 values take the same token tiles and block shapes (the ws kernel on Hopper's wide tiles, 128 tokens for
-    2:4), with half the A tile's shared memory, deeper ws pipelines, and names that carry the FP8 flag."""
+    2:4), with half the A tile's shared memory, deeper ws pipelines, and names that carry the FP8 flag. The ws
+    kernel multiplies FP8 copies of the activations (half the B tile), made by quantize_rows before each GEMM."""
     prefill = plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.bfloat16, H100, fp8=True)
     assert prefill.token_tile == 128 and prefill.gate_up.block == BlockShape("ws", 8, 2)
-    assert prefill.gate_up.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, true, false, 128, 128, true>"
-    assert prefill.gate_up.shared_bytes == 4 * (128 * 256 + 256 * 64 + 256 * 16) + 1024
+    assert prefill.gate_up.fp8_activations and prefill.down.fp8_activations
+    assert prefill.gate_up.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, true, false, 128, 128, true, true>"
+    assert prefill.gate_up.shared_bytes == 4 * (128 * 128 + 256 * 64 + 256 * 16) + 1024
+    assert prefill.gate_up.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, true>"
+    assert prefill.gate_up.quantize_grid == (16384 // 8, 1, 1)  # a warp per row, 8 per block
+    assert prefill.down.quantize_grid == (16 * SMS, 1, 1)  # 8 x 16384 rows: at most 16 blocks per SM
+    assert prefill.down.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, false>"
     samoyeds = plan_moe(LayerShape(16384, **QWEN3), SAMOYEDS, torch.bfloat16, H100, fp8=True)
-    assert samoyeds.down.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, true, true, 128, 64, false>"
-    assert samoyeds.down.shared_bytes == 6 * (64 * 256 + 256 * 64 + 256 * 16) + 1024
+    assert samoyeds.down.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, true, true, 128, 64, false, true>"
+    assert samoyeds.down.shared_bytes == 6 * (64 * 128 + 256 * 64 + 256 * 16) + 1024
+    with override_config(KernelConfig(gate_up=GemmConfig(fp8_activations=False))):
+        values_only = plan_moe(LayerShape(16384, **QWEN3), SAMOYEDS, torch.bfloat16, H100, fp8=True)
+    assert values_only.gate_up.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, true, true, 128, 64, true, false>"
+    assert values_only.gate_up.quantize_kernel is None and values_only.down.fp8_activations
+    assert values_only.gate_up.shared_bytes == 6 * (64 * 256 + 256 * 64 + 256 * 16) + 1024
     with override_config(KernelConfig(64, GemmConfig("wgmma", 4, 2))):
         one_warpgroup = plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.bfloat16, H100, fp8=True)
     assert one_warpgroup.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, false, 128, 64, true, 4, 2, true>"
     assert one_warpgroup.gate_up.shared_bytes == 3 * (64 * 256 + 128 * 64 + 128 * 16) + 1024
     decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100, fp8=True)
     assert decode.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, true, 128, 8, true, 4, 2, false>"
+    assert not decode.gate_up.fp8_activations and decode.gate_up.quantize_kernel is None
+
+
+def test_fp8_activations_only_where_the_fp8_mmas_run():
+    """FP8 x FP8 needs FP8 values, the ws kernel and segments of whole 64-input k-steps: a config asking for it
+    elsewhere is refused, and only Hopper's FP8 modules compile those kernels."""
+    shape = LayerShape(16384, **QWEN3)
+    for pattern, fp8, config in [
+        (SAMOYEDS, False, GemmConfig(fp8_activations=True)),
+        (SAMOYEDS, True, GemmConfig("wgmma", 4, 2, fp8_activations=True)),
+        (Pattern.parse("samoyeds", 32), True, GemmConfig(fp8_activations=True)),
+    ]:
+        with override_config(KernelConfig(gate_up=config)), pytest.raises(SamoyedsError, match="FP8 activations"):
+            plan_moe(shape, pattern, torch.bfloat16, H100, fp8)
+    assert not plan_moe(shape, Pattern.parse("samoyeds", 32), torch.bfloat16, H100, True).gate_up.fp8_activations
+    hopper = compiled_kernels(torch.bfloat16, SAMOYEDS, "sm_90a", fp8=True)
+    assert "samoyeds::moe_gemm_ws<__nv_bfloat16, true, true, 128, 64, true, true>" in hopper
+    assert "samoyeds::quantize_rows<__nv_bfloat16, false>" in hopper
+    for arch, fp8 in [("sm_90a", False), ("sm_80", True)]:
+        names = compiled_kernels(torch.bfloat16, SAMOYEDS, arch, fp8)
+        assert not [k for k in names if "quantize_rows" in k or ("moe_gemm_ws" in k and k.endswith(", true>"))]
 
 
 def test_rows_off_the_ws_blocks_fall_back_to_the_one_warpgroup_kernel():

@@ -1,0 +1,52 @@
+// FP8 activations: the rows a GEMM reads as its B operand turned into float8 e4m3 bytes with one fp32 scale per row
+// (scale = the row's largest magnitude / 448, e4m3's largest value), before the GEMM that reads them
+// (gemm_ws.cuh with ACT8). GATE_UP: x [tokens, hidden] -> x_fp8, x_scale; else act [slots, inter] -> act_fp8,
+// act_scale. One scale per row, so the GEMM applies it once per output column in its epilogue; a scale per
+// 128-input group (DeepSeek-V3's) would be applied per k tile inside the k loop, in a second accumulator set the
+// samoyeds fold leaves no registers for. A row of zeros gets scale 0 and zero bytes.
+#pragma once
+
+#include "config.cuh"
+#include "params.cuh"
+#include "ptx.cuh"
+
+namespace samoyeds {
+
+// One warp per row, 16-byte loads: the row's magnitude first, then the bytes (the second read of a row of at most a
+// few KB comes from L1 / L2).
+template <typename T, bool GATE_UP>
+__global__ void quantize_rows(const __grid_constant__ MoEParams p) {
+  const T* __restrict__ src = static_cast<const T*>(GATE_UP ? p.x : p.act);
+  uint8_t* __restrict__ dst = static_cast<uint8_t*>(GATE_UP ? p.x_fp8 : p.act_fp8);
+  float* __restrict__ scale = GATE_UP ? p.x_scale : p.act_scale;
+  const int rows = GATE_UP ? p.tokens : p.slots, K = GATE_UP ? p.hidden : p.inter;  // K: whole k tiles of BK
+  constexpr int WARPS = ELEMENTWISE_THREADS / 32;
+  const int lane = threadIdx.x & 31, chunks = K / 8;
+  for (int row = blockIdx.x * WARPS + threadIdx.x / 32; row < rows; row += gridDim.x * WARPS) {
+    const uint4* in = reinterpret_cast<const uint4*>(src + (size_t)row * K);
+    float amax = 0.0f;
+    for (int c = lane; c < chunks; c += 32) {
+      const uint4 v = in[c];
+      const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf((float)e[i]));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+    if (lane == 0) scale[row] = amax / 448.0f;
+    uint2* out = reinterpret_cast<uint2*>(dst + (size_t)row * K);
+    for (int c = lane; c < chunks; c += 32) {
+      const uint4 v = in[c];
+      const T* e = reinterpret_cast<const T*>(&v);
+      unsigned word[2];
+#pragma unroll
+      for (int w = 0; w < 2; ++w)
+        word[w] = e4m3x2((float)e[4 * w] * inv, (float)e[4 * w + 1] * inv) |
+                  ((unsigned)e4m3x2((float)e[4 * w + 2] * inv, (float)e[4 * w + 3] * inv) << 16);
+      out[c] = make_uint2(word[0], word[1]);
+    }
+  }
+}
+
+}  // namespace samoyeds
