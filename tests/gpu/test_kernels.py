@@ -24,14 +24,16 @@ from samoyeds_vllm.tools.presets import available_presets, preset_shape
 
 
 def one_preset_per_expert_shape() -> list[str]:
-    """The kernels see an expert's shape; more experts of it only cost memory (Kimi-K2 has DeepSeek-V3's experts,
-    384 of them, whose fp32 problem would not fit one GPU)."""
-    presets: dict[tuple[int, int, int], str] = {}
+    """The kernels see an expert's shape; more experts of it only cost memory, so each shape is tested on its preset
+    with the fewest experts (Kimi-K2 has DeepSeek-V3's experts, 384 of them; Llama-4 Maverick has Scout's, 128
+    of them, whose weights would not fit an 80 GB GPU)."""
+    presets: dict[tuple[int, int, int], tuple[int, str]] = {}
     for name in sorted(available_presets()):
         if not name.startswith("tiny-"):
             shape = preset_shape(name)
-            presets.setdefault((shape.hidden, shape.intermediate, shape.top_k), name)
-    return list(presets.values())
+            key = (shape.hidden, shape.intermediate, shape.top_k)
+            presets[key] = min(presets.get(key, (shape.num_experts, name)), (shape.num_experts, name))
+    return [name for _, name in presets.values()]
 
 
 SHAPES = one_preset_per_expert_shape()
