@@ -2,12 +2,15 @@
 and optionally writes the best of each token count as a tuned table that the kernels then read.
 
     python benchmarks/tune_kernels.py [--shapes qwen3-30b-a3b,...] [--patterns samoyeds,2:4] [--tokens 1,2,4,8,16]
-        [--search splits|blocks|all] [--values bf16|fp8] [--json FILE] [--write-tables DIR]
+        [--search splits|blocks|activations|all] [--values bf16|fp8] [--json FILE] [--write-tables DIR]
 
-One problem per (shape, pattern, T). Every config is checked against the fp32 reference, then timed in two rounds
-(all configs, then all again), each in the second of two CUDA graphs (bench/timing.py), so neither the order nor
-the first-capture effect favours one. "splits" tries split-K factors (1, 2, 4) for gate/up x (1, 3) for down (never
-more than the k tiles allow); "blocks" tries every compiled block shape of each GEMM at the heuristics' token tile.
+One problem per (shape, pattern, T). Every config is checked against the fp32 reference (with the activations
+quantized where the config multiplies FP8 copies of them), then timed in two rounds (all configs, then all again),
+each in the second of two CUDA graphs (bench/timing.py), so neither the order nor the first-capture effect favours
+one. "splits" tries split-K factors (1, 2, 4) for gate/up x (1, 3) for down (never more than the k tiles allow);
+"blocks" tries every compiled block shape of each GEMM at the heuristics' token tile; "activations" (FP8 values)
+tries each GEMM with and without FP8 copies of its activations (FP8 x FP8 MMAs) where its block can. The JSON also
+records each config's error against the same layer with bf16 values (same seed: FP8 values' whole error).
 --write-tables writes, per (shape, pattern), the best config of each token count in the format and file name of
 configs/kernels/README.md; put them under configs/kernels/ (shipped) or point $SAMOYEDS_KERNEL_CONFIG_DIR at DIR.
 """
@@ -23,15 +26,23 @@ from samoyeds_vllm import kernels
 from samoyeds_vllm.bench.timing import time_cuda_graph
 from samoyeds_vllm.format import FP8, Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape
-from samoyeds_vllm.kernels.plan import block_shapes, device_of, table_name
-from samoyeds_vllm.tools.moe_problem import make_problem, reference, relative_error, run_sparse
+from samoyeds_vllm.kernels.plan import block_shapes, device_of, fp8_activations_allowed, table_name
+from samoyeds_vllm.tools.moe_problem import (
+    make_problem,
+    planned_fp8_activations,
+    reference,
+    relative_error,
+    run_sparse,
+    tolerance,
+)
 from samoyeds_vllm.tools.presets import preset_shape
 
-TOLERANCE = 1e-2
 
-
-def candidates(plan: kernels.MoEPlan, k_tiles: tuple[int, int], samoyeds: bool, hopper: bool, search: str):
+def candidates(
+    plan: kernels.MoEPlan, k_tiles: tuple[int, int], pattern: Pattern, hopper: bool, search: str, fp8: bool
+) -> list[tuple[str, KernelConfig]]:
     """(name, KernelConfig) to time."""
+    samoyeds = pattern.is_samoyeds
     out = [("default", KernelConfig())]  # the heuristics (no tuned table)
     if search in ("splits", "all"):
         for z1, z2 in itertools.product((1, 2, 4), (1, 3)):
@@ -45,6 +56,13 @@ def candidates(plan: kernels.MoEPlan, k_tiles: tuple[int, int], samoyeds: bool, 
                     KernelConfig(plan.token_tile, gate_up=gemm) if gate_up else KernelConfig(plan.token_tile, down=gemm)
                 )
                 out.append((f"{'gate/up' if gate_up else 'down'} {b.kind} {b.warps}x{b.slabs}", config))
+    if search in ("activations", "all") and fp8:
+        allowed = [fp8_activations_allowed(gemm.block, pattern, fp8) for gemm in (plan.gate_up, plan.down)]
+        for acts in itertools.product((False, True), repeat=2):
+            if all(allowed[i] or not acts[i] for i in range(2)):
+                name = f"fp8 activations gate/up {'on' if acts[0] else 'off'}, down {'on' if acts[1] else 'off'}"
+                gate_up, down = (GemmConfig(fp8_activations=a) for a in acts)
+                out.append((name, KernelConfig(gate_up=gate_up, down=down)))
     return list(dict(out).items())
 
 
@@ -53,7 +71,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="qwen3-30b-a3b,mixtral-8x7b,qwen1.5-moe-a2.7b,deepseek-v2-lite,olmoe-1b-7b")
     parser.add_argument("--patterns", default="samoyeds,2:4")
     parser.add_argument("--tokens", default="1,2,4,8,16")
-    parser.add_argument("--search", default="splits", choices=["splits", "blocks", "all"])
+    parser.add_argument("--search", default="splits", choices=["splits", "blocks", "activations", "all"])
     parser.add_argument("--values", default="bf16", choices=["bf16", "fp8"], help="the packed values' type")
     parser.add_argument("--json", help="write every timing here")
     parser.add_argument("--write-tables", metavar="DIR", help="write the best config per token count as tables")
@@ -68,17 +86,29 @@ def main() -> None:
         layer = LayerShape(tokens, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate)
         plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device, fp8)
         problem = make_problem(shape, pattern, tokens, seed=tokens, values=FP8 if fp8 else None)
-        ref = reference(problem)
+        # The reference of the problem's (dequantized) weights, per choice of FP8 activations; with FP8 values also
+        # the fp32 layer of the same problem with bf16 values, what quantizing costs in all.
+        refs = {}
+        unquantized = reference(make_problem(shape, pattern, tokens, seed=tokens)) if fp8 else None
         k_tiles = (shape.hidden // 128, shape.intermediate // 128)
-        configs = candidates(plan, k_tiles, pattern.is_samoyeds, device.hopper, args.search)
+        configs = candidates(plan, k_tiles, pattern, device.hopper, args.search, fp8)
         cells: dict[str, list[float]] = {}
+        errors: dict[str, float] = {}
         for rnd in range(2):
             for name, config in configs:
                 with kernels.override_config(config):
                     if rnd == 0:
-                        err = relative_error(run_sparse(problem), ref)
-                        assert err < TOLERANCE, f"{shape_name} {pattern} T={tokens} {name}: relative error {err}"
+                        acts = planned_fp8_activations(problem)
+                        if acts not in refs:
+                            refs[acts] = reference(problem, acts)
+                        out = run_sparse(problem)
+                        err = relative_error(out, refs[acts])
+                        assert err < tolerance(acts), f"{shape_name} {pattern} T={tokens} {name}: relative error {err}"
+                        if unquantized is not None:
+                            errors[name] = round(relative_error(out, unquantized), 5)
+                        del out
                     cells.setdefault(name, []).append(round(time_cuda_graph(lambda p=problem: run_sparse(p)), 1))
+        del refs, unquantized
         best = min(cells, key=lambda k: min(cells[k]))
         print(
             f"{shape_name} {pattern} T={tokens}: "
@@ -87,6 +117,7 @@ def main() -> None:
         )
         rows.append(
             {"shape": shape_name, "pattern": str(pattern), "values": args.values, "tokens": tokens, "us": cells}
+            | ({"rel_err_unquantized": errors} if errors else {})
             | {"best": best}
         )
         best_config = dict(configs)[best]  # {} in the table: the heuristics won

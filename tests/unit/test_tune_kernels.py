@@ -1,0 +1,53 @@
+"""benchmarks/tune_kernels.py: the kernel configs each search times (pure planning, run on CPU)."""
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from samoyeds_vllm.format import Pattern
+from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape, override_config, plan_moe
+from samoyeds_vllm.kernels.plan import Device
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "tune_kernels.py"
+spec = importlib.util.spec_from_file_location("tune_kernels", SCRIPT)
+tune_kernels = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tune_kernels)
+
+H100 = Device("NVIDIA H100 80GB HBM3", (9, 0), 132, "sm_90a")
+QWEN3 = dict(top_k=8, num_experts=128, hidden=2048, inter=768)
+K_TILES = (2048 // 128, 768 // 128)
+
+
+def activation_configs(tokens: int, pattern: Pattern, fp8: bool) -> dict[str, KernelConfig]:
+    plan = plan_moe(LayerShape(tokens, **QWEN3), pattern, torch.bfloat16, H100, fp8)
+    configs = dict(tune_kernels.candidates(plan, K_TILES, pattern, True, "activations", fp8))
+    assert configs.pop("default") == KernelConfig()
+    return configs
+
+
+def test_the_activations_search_tries_each_gemm_with_and_without_fp8_copies():
+    configs = activation_configs(16384, Pattern.parse("samoyeds"), fp8=True)
+    assert sorted((c.gate_up.fp8_activations, c.down.fp8_activations) for c in configs.values()) == [
+        (False, False),
+        (False, True),
+        (True, False),
+        (True, True),
+    ]
+    for config in configs.values():  # the rest of the plan stays the heuristics'
+        for gemm in (config.gate_up, config.down):
+            assert gemm == GemmConfig(fp8_activations=gemm.fp8_activations)
+        with override_config(config):
+            plan = plan_moe(LayerShape(16384, **QWEN3), Pattern.parse("samoyeds"), torch.bfloat16, H100, True)
+        assert (plan.gate_up.fp8_activations, plan.down.fp8_activations) == (
+            config.gate_up.fp8_activations,
+            config.down.fp8_activations,
+        )
+
+
+def test_the_activations_search_offers_fp8_copies_only_where_a_gemm_can_use_them():
+    assert activation_configs(16384, Pattern.parse("samoyeds"), fp8=False) == {}  # bf16 values
+    for tokens, pattern in [(1, Pattern.parse("samoyeds")), (16384, Pattern.parse("samoyeds", 32))]:
+        # decode blocks (no ws kernel) and 32-input segments: only "both off"
+        configs = activation_configs(tokens, pattern, fp8=True)
+        assert [(c.gate_up.fp8_activations, c.down.fp8_activations) for c in configs.values()] == [(False, False)]
