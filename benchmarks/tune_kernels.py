@@ -27,14 +27,7 @@ from samoyeds_vllm.bench.timing import time_cuda_graph
 from samoyeds_vllm.format import FP8, Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape
 from samoyeds_vllm.kernels.plan import block_shapes, device_of, fp8_activations_allowed, table_name
-from samoyeds_vllm.tools.moe_problem import (
-    make_problem,
-    planned_fp8_activations,
-    reference,
-    relative_error,
-    run_sparse,
-    tolerance,
-)
+from samoyeds_vllm.tools.moe_problem import error_against_plan, make_problem, reference, relative_error, run_sparse
 from samoyeds_vllm.tools.presets import preset_shape
 
 
@@ -59,7 +52,7 @@ def candidates(
     if search in ("activations", "all") and fp8:
         allowed = [fp8_activations_allowed(gemm.block, pattern, fp8) for gemm in (plan.gate_up, plan.down)]
         for acts in itertools.product((False, True), repeat=2):
-            if all(allowed[i] or not acts[i] for i in range(2)):
+            if all(ok or not a for a, ok in zip(acts, allowed, strict=True)):
                 name = f"fp8 activations gate/up {'on' if acts[0] else 'off'}, down {'on' if acts[1] else 'off'}"
                 gate_up, down = (GemmConfig(fp8_activations=a) for a in acts)
                 out.append((name, KernelConfig(gate_up=gate_up, down=down)))
@@ -86,8 +79,8 @@ def main() -> None:
         layer = LayerShape(tokens, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate)
         plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device, fp8)
         problem = make_problem(shape, pattern, tokens, seed=tokens, values=FP8 if fp8 else None)
-        # The reference of the problem's (dequantized) weights, per choice of FP8 activations; with FP8 values also
-        # the fp32 layer of the same problem with bf16 values, what quantizing costs in all.
+        # The references of the problem's (dequantized) weights, per choice of FP8 activations; with FP8 values
+        # also the fp32 layer of the same problem with bf16 values, what quantizing costs in all.
         refs = {}
         unquantized = reference(make_problem(shape, pattern, tokens, seed=tokens)) if fp8 else None
         k_tiles = (shape.hidden // 128, shape.intermediate // 128)
@@ -98,12 +91,9 @@ def main() -> None:
             for name, config in configs:
                 with kernels.override_config(config):
                     if rnd == 0:
-                        acts = planned_fp8_activations(problem)
-                        if acts not in refs:
-                            refs[acts] = reference(problem, acts)
                         out = run_sparse(problem)
-                        err = relative_error(out, refs[acts])
-                        assert err < tolerance(acts), f"{shape_name} {pattern} T={tokens} {name}: relative error {err}"
+                        err, tol = error_against_plan(problem, out, refs)
+                        assert err < tol, f"{shape_name} {pattern} T={tokens} {name}: relative error {err}"
                         if unquantized is not None:
                             errors[name] = round(relative_error(out, unquantized), 5)
                         del out

@@ -148,6 +148,19 @@ def tolerance(fp8_activations: tuple[bool, bool]) -> float:
     return FP8_ACTIVATIONS_TOLERANCE if any(fp8_activations) else BF16_TOLERANCE
 
 
+def error_against_plan(
+    p: MoEProblem, out: torch.Tensor, refs: dict[tuple[bool, bool], torch.Tensor] | None = None
+) -> tuple[float, float]:
+    """out's relative error against the fp32 reference of what the kernels' plan for p computes (under any
+    override_config: the activations quantized where it quantizes them), and the tolerance for it. refs caches the
+    references by planned_fp8_activations across configs of one problem."""
+    fp8_activations = planned_fp8_activations(p)
+    refs = {} if refs is None else refs
+    if fp8_activations not in refs:
+        refs[fp8_activations] = reference(p, fp8_activations)
+    return relative_error(out, refs[fp8_activations]), tolerance(fp8_activations)
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref||, NaN when out has a non-finite value."""
     if not torch.isfinite(out).all():

@@ -16,12 +16,12 @@ from samoyeds_vllm.kernels.plan import block_shapes, device_of
 from samoyeds_vllm.tools.moe_problem import (
     BF16_TOLERANCE,
     FP8_ACTIVATIONS_TOLERANCE,
+    error_against_plan,
     make_problem,
     planned_fp8_activations,
     reference,
     relative_error,
     run_sparse,
-    tolerance,
 )
 from samoyeds_vllm.tools.presets import available_presets, preset_shape
 
@@ -49,10 +49,9 @@ def check(shape, pattern, tokens, routing="balanced", dtype=torch.bfloat16, seed
     problem = make_problem(shape, pattern, tokens, dtype, routing=routing, seed=seed, values=values)
     out = run_sparse(problem)
     torch.cuda.synchronize()
-    fp8_activations = planned_fp8_activations(problem)
-    err = relative_error(out, reference(problem, fp8_activations))
+    err, tol = error_against_plan(problem, out)
     assert out.dtype == dtype and out.shape == problem.x.shape
-    assert err < tolerance(fp8_activations), f"relative error {err}"
+    assert err < tol, f"relative error {err}"
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -116,11 +115,8 @@ def test_every_block_shape_through_kernel_configs(pattern, values):
         for token_tile, gemm in _every_block_shape(pattern, gate_up):
             config = KernelConfig(token_tile, gate_up=gemm) if gate_up else KernelConfig(token_tile, down=gemm)
             with kernels.override_config(config):
-                fp8_activations = planned_fp8_activations(problem)
-                if fp8_activations not in refs:
-                    refs[fp8_activations] = reference(problem, fp8_activations)
-                err = relative_error(run_sparse(problem), refs[fp8_activations])
-            assert err < tolerance(fp8_activations), f"{config}: relative error {err}"
+                err, tol = error_against_plan(problem, run_sparse(problem), refs)
+            assert err < tol, f"{config}: relative error {err}"
 
 
 @pytest.mark.parametrize("splits", [(1, 1), (2, 3), (4, 1), (8, 6)])

@@ -1,4 +1,5 @@
-"""benchmarks/tune_kernels.py: the kernel configs each search times (pure planning, run on CPU)."""
+"""benchmarks/tune_kernels.py: the kernel configs each search times (pure planning, run on CPU), and the check each
+config passes first (tools/moe_problem.error_against_plan, shared with the GPU kernel tests)."""
 
 import importlib.util
 from pathlib import Path
@@ -8,6 +9,8 @@ import torch
 from samoyeds_vllm.format import Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape, override_config, plan_moe
 from samoyeds_vllm.kernels.plan import Device
+from samoyeds_vllm.tools.architectures import MoEShape
+from samoyeds_vllm.tools.moe_problem import BF16_TOLERANCE, error_against_plan, make_problem, reference, run_sparse
 
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "tune_kernels.py"
 spec = importlib.util.spec_from_file_location("tune_kernels", SCRIPT)
@@ -51,3 +54,16 @@ def test_the_activations_search_offers_fp8_copies_only_where_a_gemm_can_use_them
         # decode blocks (no ws kernel) and 32-input segments: only "both off"
         configs = activation_configs(tokens, pattern, fp8=True)
         assert [(c.gate_up.fp8_activations, c.down.fp8_activations) for c in configs.values()] == [(False, False)]
+
+
+def test_the_check_uses_the_reference_of_the_plan_and_caches_it():
+    """On CPU the op is the reference implementation and nothing is quantized: the plain reference, bf16 tolerance."""
+    shape = MoEShape(4, 256, 128, 2)
+    problem = make_problem(shape, Pattern.parse("samoyeds"), 5, seed=3, device="cpu")
+    refs = {}
+    err, tol = error_against_plan(problem, run_sparse(problem), refs)
+    assert list(refs) == [(False, False)] and torch.equal(refs[False, False], reference(problem))
+    assert err < tol == BF16_TOLERANCE
+    cached = refs[False, False]
+    error_against_plan(problem, run_sparse(problem), refs)
+    assert refs[False, False] is cached
