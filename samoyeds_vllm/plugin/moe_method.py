@@ -38,6 +38,9 @@ logger = init_logger(__name__)
 _SCALE_INV = "scale_inv"
 _PART_NAMES = {"weight": "weight", _SCALE_INV: "weight" + SCALE_SUFFIX, **SUFFIXES}
 
+#: The all-to-all backend the method runs data parallelism over (vLLM's default).
+_ALL_GATHER = "allgather_reducescatter"
+
 #: Metadata that names positions (0, 1) in every group: valid, so unloaded (dummy) weights still run.
 _VALID_META_FILL = 0x4444
 
@@ -56,6 +59,14 @@ def _check_supported(layer: RoutedExperts) -> Routing:
         # vLLM implements it for top-1 only (its prepare steps assert so): weight * expert(x) == expert(weight * x)
         # holds for no nonlinear expert, and with k > 1 there is no single input to scale
         unsupported.append(f"router weights applied on the input with top_k {layer.top_k} (vLLM does top-1)")
+    parallel = layer.moe_config.moe_parallel_config
+    if (parallel.dp_size > 1 or parallel.is_sequence_parallel) and parallel.all2all_backend != _ALL_GATHER:
+        # a method that routes inside its op gets the tokens of every data-parallel rank through the all-to-all
+        # manager's dispatch_router_logits, which vLLM implements for all-gather / reduce-scatter only
+        unsupported.append(
+            f"data parallelism over --all2all-backend {parallel.all2all_backend} (it needs vLLM's default, "
+            f"{_ALL_GATHER})"
+        )
     routing = Routing.of_layer(layer)
     if current_platform.is_cpu() and (what := routing.unsupported_on_cpu()):
         unsupported.append(f"{what} routing on CPU")

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from helpers import reference_route
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+from vllm.model_executor.layers.fused_moe.config import FusedMoEParallelConfig
 
 import samoyeds_vllm
 from samoyeds_vllm.format import SUFFIXES, Pattern, compress, prune
@@ -188,6 +189,17 @@ def test_llama4_custom_routing_matches_transformers():
     assert_same_routing(route(logits, routing), (scores.gather(1, ref_ids), ref_ids))
 
 
+def moe_config(
+    has_bias: bool = False, dp_size: int = 1, use_ep: bool = False, all2all_backend: str = "allgather_reducescatter"
+):
+    """The parts of vLLM's FusedMoEConfig the method checks; its parallel config is vLLM's own class."""
+    parallel = FusedMoEParallelConfig(
+        tp_size=1, pcp_size=1, dp_size=dp_size, ep_size=dp_size if use_ep else 1, tp_rank=0, pcp_rank=0, dp_rank=0,
+        ep_rank=0, sp_size=1, use_ep=use_ep, all2all_backend=all2all_backend, enable_eplb=False,
+    )  # fmt: skip
+    return SimpleNamespace(has_bias=has_bias, moe_parallel_config=parallel)
+
+
 def fake_layer(**changes):
     """The attributes vLLM's RoutedExperts gives the method, for a plain softmax top-2 layer unless changed."""
     attrs = dict(
@@ -195,7 +207,7 @@ def fake_layer(**changes):
         use_grouped_topk=False, num_expert_group=None, topk_group=None, e_score_correction_bias=None,
         routed_scaling_factor=1.0, custom_routing_function=None, global_num_experts=8,
         activation=MoEActivation.SILU, swiglu_limit=None, swiglu_alpha=None, swiglu_beta=None,
-        apply_router_weight_on_input=False, moe_config=SimpleNamespace(has_bias=False), expert_map=None,
+        apply_router_weight_on_input=False, moe_config=moe_config(), expert_map=None,
     )  # fmt: skip
     return SimpleNamespace(**{**attrs, **changes})
 
@@ -205,7 +217,12 @@ def fake_layer(**changes):
     [
         ({"activation": MoEActivation.GELU}, "activation 'gelu'"),
         ({"activation": MoEActivation.SWIGLUOAI, "swiglu_limit": 7.0}, "clamped SwiGLU"),
-        ({"moe_config": SimpleNamespace(has_bias=True)}, "expert biases"),
+        ({"moe_config": moe_config(has_bias=True)}, "expert biases"),
+        (
+            {"moe_config": moe_config(dp_size=2, use_ep=True, all2all_backend="deepep_low_latency")},
+            "data parallelism over --all2all-backend deepep_low_latency",
+        ),
+        ({"moe_config": moe_config(dp_size=2, all2all_backend="deepep_high_throughput")}, "data parallelism"),
         ({"apply_router_weight_on_input": True}, "router weights applied on the input with top_k 2"),
         ({"scoring_func": "sqrtsoftplus", "e_score_correction_bias": torch.zeros(8)}, "scoring function"),
     ],
@@ -214,6 +231,7 @@ def test_what_the_kernels_cannot_run_is_refused_at_load(changes, words):
     with pytest.raises(NotImplementedError, match=words):
         moe_method._check_supported(fake_layer(**changes))
     moe_method._check_supported(fake_layer())
+    moe_method._check_supported(fake_layer(moe_config=moe_config(dp_size=2, use_ep=True)))  # tested on two GPUs
 
 
 def test_router_weight_on_the_input():
