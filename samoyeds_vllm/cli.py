@@ -1,4 +1,4 @@
-"""The `samoyeds-vllm` command: make-model, convert, eval, bench."""
+"""The `samoyeds-vllm` command: make-model, convert, eval, recover, fit, bench."""
 
 from __future__ import annotations
 
@@ -223,6 +223,52 @@ def _bench_e2e(args: argparse.Namespace) -> None:
     bench_e2e(args.model, Path(args.out), work, variants, args.segment)
 
 
+def _fit(args: argparse.Namespace) -> None:
+    from .tools.memory import DEFAULT_OVERHEAD_GIB, FORMS, GIB, GPU_BYTES, kv_bytes_per_token, plan
+
+    config, from_fp8 = _model_config(args.model)
+    gpu = args.gpu.lower()
+    try:
+        gpu_bytes = GPU_BYTES[gpu] if gpu in GPU_BYTES else round(float(gpu) * GIB)
+    except ValueError:
+        raise SamoyedsError(f"--gpu {args.gpu!r}: give {' or '.join(GPU_BYTES)}, or the GPU's memory in GiB") from None
+    forms = args.forms.split(",") if args.forms else list(FORMS)
+    overhead = DEFAULT_OVERHEAD_GIB if args.overhead_gib is None else args.overhead_gib
+    fits = plan(config, forms, gpu_bytes, args.tensor_parallel_size, args.gpu_memory_utilization, overhead,
+                args.seq_len, from_fp8, args.segment)  # fmt: skip
+    per_gpu = " per GPU" if args.tensor_parallel_size > 1 else ""
+    print(
+        f"{args.model} on {args.tensor_parallel_size} x {gpu_bytes / GIB:.1f} GiB, --gpu-memory-utilization "
+        f"{args.gpu_memory_utilization}, {overhead:g} GiB for activations and CUDA graphs{per_gpu}; KV cache "
+        f"{kv_bytes_per_token(config, args.tensor_parallel_size) / 1024:.1f} KiB per token{per_gpu}"
+        + (" (FP8 checkpoint: packed forms keep the other projections FP8)" if from_fp8 else "")
+    )
+    header = f"{'form':<14} {'stored as':<28} {'weights GiB':>12} {'KV GiB':>8} {'KV tokens':>11}"
+    print(f"{header} {args.seq_len}-token seqs")
+    for fit in fits:
+        if fit.weights_gib is None:
+            print(f"{fit.form.name:<14} {fit.form.describe():<28} does not take the pattern: {fit.reason}")
+            continue
+        room = f"{fit.sequences:.1f}" if fit.fits else "does not fit"
+        print(f"{fit.form.name:<14} {fit.form.describe():<28} {fit.weights_gib:>12.2f} {fit.kv_gib:>8.2f} "
+              f"{fit.kv_tokens:>11,} {room}")  # fmt: skip
+
+
+def _model_config(model: str) -> tuple[dict, bool]:
+    """config.json of a preset name or a model directory, and whether it is an FP8 block-quantized checkpoint."""
+    from .tools.checkpoint_io import read_config
+    from .tools.presets import available_presets, load_preset
+
+    if model in available_presets():
+        config = load_preset(available_presets()[model], model)
+    elif Path(model).exists() or "/" in model:
+        config = read_config(Path(model))
+    else:
+        raise SamoyedsError(f"{model!r} is neither a model directory nor a preset ({', '.join(available_presets())})")
+    quantization = config.get("quantization_config") or {}
+    return config, quantization.get("quant_method") == "fp8"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="samoyeds-vllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -326,6 +372,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="replace an existing OUT")
     p.set_defaults(func=_recover)
+
+    p = sub.add_parser(
+        "fit", help="weights and KV-cache room per GPU of a model in each form (dense, FP8, sparse), from its config"
+    )
+    p.add_argument("model", help="a model directory (its config.json) or a preset of configs/models")
+    p.add_argument("--gpu", default="h100", help="h100 (80 GB), h200 (141 GB) or the GPU's memory in GiB")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="as vLLM's (default 0.9)")
+    p.add_argument("--overhead-gib", type=float, help="memory vLLM keeps for activations and CUDA graphs (4)")
+    p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence for the sequences column")
+    p.add_argument("--forms", help="comma-separated (default all): dense,dense-fp8,samoyeds,samoyeds-fp8,2of4,2of4-fp8")
+    p.add_argument("--segment", type=int, default=None, help="samoyeds segment V (default 128)")
+    p.set_defaults(func=_fit)
 
     bench = sub.add_parser("bench", help="benchmarks (GPU)").add_subparsers(dest="bench", required=True)
     p = bench.add_parser("moe", help="our sparse MoE layer vs vLLM's MoE paths, CUDA graphs, same inputs")

@@ -1,0 +1,173 @@
+"""What a model takes of a GPU in each form it can be served in, from its config.json alone: the bytes of its weights
+per GPU (dense bf16, dense FP8 with 128 x 128 block scales, 2:4 or samoyeds experts with bf16 or FP8 values), and
+what is left for vLLM's KV cache. It answers "does it fit, and how many sequences" before anything is downloaded.
+
+The tensors are those of the hub checkpoint (model_maker.weight_specs), the packed ones those of the format
+(Pattern.packed_shapes), so the count follows the code that writes them. Under tensor parallelism vLLM splits
+every projection, the experts and the vocabulary across the GPUs and keeps a whole copy of the norms, the routers,
+MLA's low-rank input projections and, with fewer key/value heads than GPUs, one head on each. The KV cache of MLA
+(DeepSeek) is its compressed latent, whole on every GPU.
+
+What vLLM keeps beside weights and KV cache (the activations of its profiling run, CUDA graphs, the CUDA context)
+is not in config.json: `overhead` stands for it, measured at 3.4-4.0 GiB on the Qwen3-30B-A3B shape (vLLM 0.26, H100,
+its default 8192 batched tokens); docs/benchmarks.md compares these estimates with engine logs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from ..errors import PatternError, SamoyedsError
+from ..format import Pattern
+from .architectures import ALIASES, ARCHITECTURES, text_config
+from .model_maker import weight_specs
+
+GIB = 2**30
+#: Memory of one GPU as the driver reports it (nvidia-smi's total, which vLLM's --gpu-memory-utilization scales).
+GPU_BYTES = {"h100": 81559 * 2**20, "h200": 143771 * 2**20}
+DEFAULT_OVERHEAD_GIB = 4.0
+_BLOCK = 128  # the block of FP8 checkpoints' weight_scale_inv (Qwen3-*-FP8, DeepSeek-V3)
+
+#: Projections FP8 checkpoints store in FP8 (as model_maker writes them); embeddings, norms, routers and the LM
+#: head stay bf16.
+_FP8_WEIGHT = re.compile(r".*(_proj|\.w[123])\.weight$")
+#: Tensors every GPU holds whole under tensor parallelism (besides 1-D ones): routers, MLA's low-rank inputs.
+_REPLICATED = re.compile(r".*\.(gate|router|shared_expert_gate|q_a_proj|kv_a_proj_with_mqa)\.weight$")
+_KV_PROJ = re.compile(r".*\.(k_proj|v_proj)\.weight$")
+
+
+@dataclass(frozen=True)
+class Form:
+    """How the model is stored: its routed experts dense (pattern None) or packed, FP8 or bf16."""
+
+    name: str
+    pattern: str | None = None  # "samoyeds" or "2:4"
+    fp8: bool = False  # dense: FP8 projections with block scales; packed: FP8 kept values with a scale per row
+
+    def describe(self) -> str:
+        if self.pattern is None:
+            return "dense, FP8 128x128 blocks" if self.fp8 else "dense, bf16"
+        return f"{self.pattern}, {'FP8' if self.fp8 else 'bf16'} values"
+
+
+#: The forms `bench e2e` serves, by its variant names.
+FORMS = {
+    f.name: f
+    for f in (
+        Form("dense"),
+        Form("dense-fp8", fp8=True),
+        Form("samoyeds", "samoyeds"),
+        Form("samoyeds-fp8", "samoyeds", fp8=True),
+        Form("2of4", "2:4"),
+        Form("2of4-fp8", "2:4", fp8=True),
+    )
+}
+
+
+def _expert_matrices(arch, name: str, shape: tuple[int, ...]) -> list[tuple[int, int]] | None:
+    """The [out, in] routed-expert matrices a checkpoint tensor holds, or None if it holds none."""
+    if arch.expert_weight_re.match(name):
+        return [shape]
+    if arch.fused_expert_re and (m := arch.fused_expert_re.match(name)):  # [E, in, roles * out]
+        experts, inputs, outputs = shape
+        roles = len(arch.fused_roles(m["fused"]))
+        return [(outputs // roles, inputs)] * (experts * roles)
+    return None
+
+
+def _fp8_bytes(m: int, k: int) -> int:
+    """An FP8 [m, k] projection with one fp32 scale per 128 x 128 block."""
+    return m * k + math.ceil(m / _BLOCK) * math.ceil(k / _BLOCK) * 4
+
+
+def _packed_bytes(m: int, k: int, pattern: Pattern, fp8: bool) -> int:
+    sizes = {"values": 1 if fp8 else 2, "meta": 2, "rowsel": 1, "scale": 4}  # int16 metadata, uint8 row choices
+    shapes = pattern.packed_shapes((m, k), scaled=fp8)
+    return sum(math.prod(shape) * sizes[part] for part, shape in shapes.items())
+
+
+def weight_bytes(hf_config: dict, form: Form, tp: int = 1, from_fp8: bool = False, segment: int | None = None) -> int:
+    """Bytes of the weights on each of `tp` GPUs. `from_fp8`: the dense checkpoint is FP8 block-quantized, so a
+    packed form keeps its other projections in FP8 (as `vllm serve FP8_MODEL --quantization samoyeds` does)."""
+    arch = ARCHITECTURES[ALIASES.get(hf_config["model_type"], hf_config["model_type"])]
+    pattern = Pattern.parse(form.pattern, segment if form.pattern == "samoyeds" else None) if form.pattern else None
+    kv_heads = text_config(hf_config).get("num_key_value_heads")
+    other_fp8 = form.fp8 if pattern is None else from_fp8
+    total = 0.0
+    for name, shape in weight_specs(hf_config):
+        if (experts := _expert_matrices(arch, name, shape)) is not None:
+            if pattern is None:
+                size = sum(_fp8_bytes(m, k) if form.fp8 else 2 * m * k for m, k in experts)
+            else:
+                size = sum(_packed_bytes(m, k, pattern, form.fp8) for m, k in experts)
+        elif other_fp8 and len(shape) == 2 and _FP8_WEIGHT.match(name):
+            size = _fp8_bytes(*shape)
+        else:
+            size = 2 * math.prod(shape)
+        if len(shape) == 1 or _REPLICATED.match(name):
+            share = 1.0
+        elif _KV_PROJ.match(name) and kv_heads:
+            share = max(1 / tp, 1 / kv_heads)  # fewer key/value heads than GPUs: one on each
+        else:
+            share = 1 / tp
+        total += size * share
+    return round(total)
+
+
+def kv_bytes_per_token(hf_config: dict, tp: int = 1, dtype_bytes: int = 2) -> int:
+    """KV-cache bytes of one token on each GPU (vLLM's default cache dtype: the model's, bf16 here)."""
+    c = text_config(hf_config)
+    layers = c["num_hidden_layers"]
+    if c.get("kv_lora_rank"):  # MLA: the compressed latent and the rotary key, the same on every GPU
+        return layers * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * dtype_bytes
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    heads = max(1, c.get("num_key_value_heads", c["num_attention_heads"]) // tp)
+    return layers * 2 * heads * head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class Fit:
+    form: Form
+    weights_gib: float | None  # per GPU; None: the experts' shapes do not take the form's pattern (`reason`)
+    kv_gib: float | None  # per GPU; negative: the weights and the overhead alone do not fit
+    kv_tokens: int = 0
+    sequences: float = 0.0  # of seq_len tokens at once
+    reason: str | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_tokens > 0
+
+
+def plan(
+    hf_config: dict,
+    forms: list[str],
+    gpu_bytes: int,
+    tp: int = 1,
+    utilization: float = 0.9,
+    overhead_gib: float = DEFAULT_OVERHEAD_GIB,
+    seq_len: int = 4096,
+    from_fp8: bool = False,
+    segment: int | None = None,
+) -> list[Fit]:
+    """Each form's weights and the KV cache vLLM would have beside them on each of `tp` GPUs of `gpu_bytes`."""
+    if not 0 < utilization <= 1:
+        raise SamoyedsError(f"gpu memory utilization must be in (0, 1], not {utilization}")
+    if tp < 1:
+        raise SamoyedsError(f"tensor parallel size must be at least 1, not {tp}")
+    if unknown := [f for f in forms if f not in FORMS]:
+        raise SamoyedsError(f"unknown form {', '.join(unknown)}; choose from {', '.join(FORMS)}")
+    per_token = kv_bytes_per_token(hf_config, tp)
+    fits = []
+    for name in forms:
+        try:
+            weights = weight_bytes(hf_config, FORMS[name], tp, from_fp8, segment)
+        except PatternError as e:
+            fits.append(Fit(FORMS[name], None, None, reason=str(e)))
+            continue
+        kv = utilization * gpu_bytes - weights - overhead_gib * GIB
+        tokens = max(0, int(kv // per_token))
+        fits.append(Fit(FORMS[name], weights / GIB, kv / GIB, tokens, tokens / seq_len))
+    return fits

@@ -1,0 +1,106 @@
+"""tools/memory.py and `samoyeds-vllm fit`: the bytes counted are those the format's code writes, and the counts
+agree with what vLLM's engine logged on an H100 (the bench e2e results kept under benchmarks/results/)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from samoyeds_vllm.cli import main
+from samoyeds_vllm.format import Pattern, compress, prune, quantize
+from samoyeds_vllm.tools.fp8_blocks import quantize_blocks
+from samoyeds_vllm.tools.memory import (
+    FORMS,
+    GIB,
+    GPU_BYTES,
+    _fp8_bytes,
+    _packed_bytes,
+    kv_bytes_per_token,
+    plan,
+    weight_bytes,
+)
+from samoyeds_vllm.tools.model_maker import make_model
+from samoyeds_vllm.tools.presets import load_preset
+
+RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
+#: Engine logs of the Qwen3-30B-A3B shape on an H100 at --gpu-memory-utilization 0.9, by form.
+MEASURED = {
+    "dense": RESULTS / "e2e-quick-h100" / "variant-dense.json",
+    "dense-fp8": RESULTS / "e2e-fp8-h100" / "serving-dense-fp8" / "variant-dense-fp8.json",
+    "samoyeds": RESULTS / "e2e-quick-h100" / "variant-samoyeds.json",
+    "samoyeds-fp8": RESULTS / "e2e-quick-h100" / "variant-samoyeds-fp8.json",
+}
+QWEN3 = load_preset("qwen3_moe", "qwen3-30b-a3b")
+
+
+@pytest.mark.parametrize("pattern", ["samoyeds", "2:4"])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_packed_bytes_are_those_compress_writes(pattern, fp8):
+    pattern = Pattern.parse(pattern)
+    w = prune(torch.randn(96, 256, dtype=torch.bfloat16), pattern)
+    packed = compress(w, pattern)
+    if fp8:
+        packed = quantize(packed, pattern)
+    written = sum(t.nbytes for t in packed if t is not None)
+    assert _packed_bytes(96, 256, pattern, fp8) == written
+
+
+def test_fp8_block_bytes_are_those_quantize_blocks_writes():
+    q, scale_inv = quantize_blocks(torch.randn(200, 300))
+    assert _fp8_bytes(200, 300) == q.nbytes + scale_inv.nbytes
+
+
+@pytest.mark.parametrize("form", MEASURED)
+def test_weights_and_kv_cache_agree_with_vllm_on_an_h100(form):
+    record = json.loads(MEASURED[form].read_text())
+    memory, settings = record["memory"], record["settings"]
+    assert settings["preset"] == "qwen3-30b-a3b"
+    assert settings["engine_args"][-2:] == ["--gpu-memory-utilization", "0.9"]
+    mib = int(re.search(r"(\d+) MiB", settings["device"])[1])
+    assert mib * 2**20 == GPU_BYTES["h100"]
+    assert weight_bytes(QWEN3, FORMS[form]) / GIB == pytest.approx(memory["weights_gib"], rel=0.01)
+    logged_per_token = memory["kv_cache_gib"] * GIB / memory["kv_cache_tokens"]  # GiB rounded to 0.01
+    assert kv_bytes_per_token(QWEN3) == pytest.approx(logged_per_token, rel=0.001)
+    # what vLLM kept beside weights and KV cache: the default overhead stands for it
+    overhead = 0.9 * GPU_BYTES["h100"] / GIB - memory["weights_gib"] - memory["kv_cache_gib"]
+    assert 3.0 < overhead < 4.5
+    (fit,) = plan(QWEN3, [form], GPU_BYTES["h100"])
+    assert fit.kv_tokens == pytest.approx(memory["kv_cache_tokens"], rel=0.03)
+
+
+def test_tensor_parallel_shares_and_mla():
+    one, two = (weight_bytes(QWEN3, FORMS["samoyeds-fp8"], tp) for tp in (1, 2))
+    assert one / 2 < two < one / 2 * 1.005  # norms and routers (replicated) are a sliver
+    assert kv_bytes_per_token(QWEN3, tp=2) == kv_bytes_per_token(QWEN3) // 2  # 4 key/value heads, 2 per GPU
+    assert kv_bytes_per_token(QWEN3, tp=8) == kv_bytes_per_token(QWEN3) // 4  # one head on each of 8
+    v3 = load_preset("deepseek_v3", "deepseek-v3")
+    assert kv_bytes_per_token(v3) == kv_bytes_per_token(v3, tp=8) == 61 * (512 + 64) * 2  # the latent, whole
+
+
+def test_a_pattern_the_experts_do_not_take_is_named():
+    config = dict(QWEN3, moe_intermediate_size=96)  # the down projection's 96 inputs: no whole segment of 128
+    fits = {f.form.name: f for f in plan(config, ["samoyeds", "2of4"], GPU_BYTES["h100"])}
+    assert fits["samoyeds"].weights_gib is None and "segment" in fits["samoyeds"].reason
+    assert fits["2of4"].weights_gib is not None
+
+
+def test_fit_prints_each_form_and_refuses_bad_input(tmp_path, capsys):
+    assert main(["fit", "qwen3-235b-a22b", "--gpu", "h200"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert list(rows) == list(FORMS)
+    assert "does not fit" in rows["dense-fp8"] and "does not fit" not in rows["samoyeds-fp8"]
+    model = make_model("qwen3_moe", "tiny", tmp_path / "fp8", config_only=True, fp8_block=True)
+    assert main(["fit", str(model), "--forms", "samoyeds-fp8"]) == 0
+    assert "FP8 checkpoint" in capsys.readouterr().out
+    for bad, words in [
+        (["fit", str(tmp_path / "none")], "no such directory"),
+        (["fit", "qwen3-30b"], "neither a model directory nor a preset"),
+        (["fit", "qwen3-30b-a3b", "--gpu", "a100"], "--gpu 'a100'"),
+        (["fit", "qwen3-30b-a3b", "--forms", "sparse"], "unknown form sparse"),
+        (["fit", "qwen3-30b-a3b", "--gpu-memory-utilization", "1.5"], "utilization"),
+    ]:
+        assert main(bad) == 2
+        assert words in capsys.readouterr().err
