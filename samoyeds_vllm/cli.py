@@ -229,9 +229,11 @@ def _fit(args: argparse.Namespace) -> None:
     config, from_fp8 = _model_config(args.model)
     gpu = args.gpu.lower()
     try:
-        gpu_bytes = GPU_BYTES[gpu] if gpu in GPU_BYTES else round(float(gpu) * GIB)
+        gpu_bytes = GPU_BYTES[gpu] if gpu in GPU_BYTES else float(gpu) * GIB
     except ValueError:
-        raise SamoyedsError(f"--gpu {args.gpu!r}: give {' or '.join(GPU_BYTES)}, or the GPU's memory in GiB") from None
+        gpu_bytes = float("nan")
+    if not 0 < gpu_bytes < float("inf"):
+        raise SamoyedsError(f"--gpu {args.gpu!r}: give {' or '.join(GPU_BYTES)}, or the GPU's memory in GiB")
     forms = args.forms.split(",") if args.forms else list(FORMS)
     overhead = DEFAULT_OVERHEAD_GIB if args.overhead_gib is None else args.overhead_gib
     fits = plan(config, forms, gpu_bytes, args.tensor_parallel_size, args.gpu_memory_utilization, overhead,
@@ -239,15 +241,20 @@ def _fit(args: argparse.Namespace) -> None:
     per_gpu = " per GPU" if args.tensor_parallel_size > 1 else ""
     print(
         f"{args.model} on {args.tensor_parallel_size} x {gpu_bytes / GIB:.1f} GiB, --gpu-memory-utilization "
-        f"{args.gpu_memory_utilization}, {overhead:g} GiB for activations and CUDA graphs{per_gpu}; KV cache "
-        f"{kv_bytes_per_token(config, args.tensor_parallel_size) / 1024:.1f} KiB per token{per_gpu}"
-        + (" (FP8 checkpoint: packed forms keep the other projections FP8)" if from_fp8 else "")
+        f"{args.gpu_memory_utilization}, {overhead:g} GiB{per_gpu} for activations and CUDA graphs (an estimate: "
+        f"--overhead-gib); KV cache {kv_bytes_per_token(config, args.tensor_parallel_size) / 1024:.1f} KiB per "
+        f"token{per_gpu}"
+    )
+    print(
+        "Packed forms: a checkpoint converted beforehand"
+        + (" from this FP8 one (its other projections stay FP8)" if from_fp8 else "")
+        + "; sparsifying on load first holds the dense experts, so the dense form must fit too."
     )
     header = f"{'form':<14} {'stored as':<28} {'weights GiB':>12} {'KV GiB':>8} {'KV tokens':>11}"
     print(f"{header} {args.seq_len}-token seqs")
     for fit in fits:
         if fit.weights_gib is None:
-            print(f"{fit.form.name:<14} {fit.form.describe():<28} does not take the pattern: {fit.reason}")
+            print(f"{fit.form.name:<14} {fit.form.describe():<28} refused: {fit.reason}")
             continue
         room = f"{fit.sequences:.1f}" if fit.fits else "does not fit"
         print(f"{fit.form.name:<14} {fit.form.describe():<28} {fit.weights_gib:>12.2f} {fit.kv_gib:>8.2f} "

@@ -59,14 +59,6 @@ def _check_supported(layer: RoutedExperts) -> Routing:
         # vLLM implements it for top-1 only (its prepare steps assert so): weight * expert(x) == expert(weight * x)
         # holds for no nonlinear expert, and with k > 1 there is no single input to scale
         unsupported.append(f"router weights applied on the input with top_k {layer.top_k} (vLLM does top-1)")
-    parallel = layer.moe_config.moe_parallel_config
-    if (parallel.dp_size > 1 or parallel.is_sequence_parallel) and parallel.all2all_backend != _ALL_GATHER:
-        # a method that routes inside its op gets the tokens of every data-parallel rank through the all-to-all
-        # manager's dispatch_router_logits, which vLLM implements for all-gather / reduce-scatter only
-        unsupported.append(
-            f"data parallelism over --all2all-backend {parallel.all2all_backend} (it needs vLLM's default, "
-            f"{_ALL_GATHER})"
-        )
     routing = Routing.of_layer(layer)
     if current_platform.is_cpu() and (what := routing.unsupported_on_cpu()):
         unsupported.append(f"{what} routing on CPU")
@@ -74,6 +66,18 @@ def _check_supported(layer: RoutedExperts) -> Routing:
         raise NotImplementedError(
             f"{layer.layer_name}: the samoyeds method runs SiLU-gated experts without biases, routed by any of "
             f"vLLM's routings for them, not {', '.join(unsupported)}"
+        )
+    parallel = layer.moe_config.moe_parallel_config
+    if (
+        (parallel.dp_size > 1 or parallel.is_sequence_parallel)
+        and parallel.all2all_backend != _ALL_GATHER
+        and not current_platform.is_cpu()  # vLLM's CPU communicator always all-gathers
+    ):
+        # a method that routes inside its op gets the tokens of every data-parallel rank through the all-to-all
+        # manager's dispatch_router_logits, which vLLM implements for all-gather / reduce-scatter only
+        raise NotImplementedError(
+            f"{layer.layer_name}: the samoyeds method runs data parallelism over vLLM's default all-to-all "
+            f"({_ALL_GATHER}), not --all2all-backend {parallel.all2all_backend}"
         )
     return routing
 

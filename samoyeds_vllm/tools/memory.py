@@ -11,6 +11,9 @@ MLA's low-rank input projections and, with fewer key/value heads than GPUs, one 
 What vLLM keeps beside weights and KV cache (the activations of its profiling run, CUDA graphs, the CUDA context)
 is not in config.json: `overhead` stands for it, measured at 3.4-4.0 GiB on the Qwen3-30B-A3B shape (vLLM 0.26, H100,
 its default 8192 batched tokens); docs/benchmarks.md compares these estimates with engine logs.
+
+The packed forms count a converted checkpoint (`samoyeds-vllm convert`). Sparsifying on load (`--quantization
+samoyeds` on a dense checkpoint) first loads the dense experts, so the dense form's weights must fit too.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 from ..errors import PatternError, SamoyedsError
 from ..format import Pattern
-from .architectures import ALIASES, ARCHITECTURES, text_config
+from .architectures import ALIASES, ARCHITECTURES, moe_shape, text_config
 from .model_maker import weight_specs
 
 GIB = 2**30
@@ -88,9 +91,33 @@ def _packed_bytes(m: int, k: int, pattern: Pattern, fp8: bool) -> int:
     return sum(math.prod(shape) * sizes[part] for part, shape in shapes.items())
 
 
+def tensor_parallel_refusal(hf_config: dict, form: Form, tp: int, from_fp8: bool = False, segment: int | None = None):
+    """Why vLLM or the method would refuse this form at tensor parallel size `tp` (None: they would not): heads
+    that do not divide, expert shards that cut segments, or FP8 scale blocks."""
+    c = text_config(hf_config)
+    heads, kv_heads = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
+    if heads % tp:
+        return f"{heads} attention heads do not divide among {tp} GPUs"
+    if kv_heads % tp and tp % kv_heads:
+        return f"{kv_heads} key/value heads and {tp} GPUs: neither divides the other"
+    inter = moe_shape(hf_config).intermediate
+    if inter % tp:
+        return f"the expert intermediate size {inter} does not divide among {tp} GPUs"
+    shard = inter // tp
+    if form.pattern is not None:
+        pattern = Pattern.parse(form.pattern, segment if form.pattern == "samoyeds" else None)
+        try:
+            pattern.check_shape((moe_shape(hf_config).hidden, shard), "down projection shard")
+        except PatternError as e:
+            return f"{e} (at TP = {tp})" if tp > 1 else str(e)
+    if tp > 1 and shard % _BLOCK and (form.fp8 if form.pattern is None else from_fp8):
+        return f"{shard}-wide expert shards at TP = {tp} cut the FP8 checkpoint's {_BLOCK} x {_BLOCK} scale blocks"
+    return None
+
+
 def weight_bytes(hf_config: dict, form: Form, tp: int = 1, from_fp8: bool = False, segment: int | None = None) -> int:
-    """Bytes of the weights on each of `tp` GPUs. `from_fp8`: the dense checkpoint is FP8 block-quantized, so a
-    packed form keeps its other projections in FP8 (as `vllm serve FP8_MODEL --quantization samoyeds` does)."""
+    """Bytes of the weights on each of `tp` GPUs once loaded. `from_fp8`: the model was converted from an FP8
+    block-quantized checkpoint, whose other projections the sparse checkpoint keeps in FP8."""
     arch = ARCHITECTURES[ALIASES.get(hf_config["model_type"], hf_config["model_type"])]
     pattern = Pattern.parse(form.pattern, segment if form.pattern == "samoyeds" else None) if form.pattern else None
     kv_heads = text_config(hf_config).get("num_key_value_heads")
@@ -130,15 +157,17 @@ def kv_bytes_per_token(hf_config: dict, tp: int = 1, dtype_bytes: int = 2) -> in
 @dataclass(frozen=True)
 class Fit:
     form: Form
-    weights_gib: float | None  # per GPU; None: the experts' shapes do not take the form's pattern (`reason`)
+    weights_gib: float | None  # per GPU; None: the form is refused for this model and layout (`reason`)
     kv_gib: float | None  # per GPU; negative: the weights and the overhead alone do not fit
     kv_tokens: int = 0
     sequences: float = 0.0  # of seq_len tokens at once
     reason: str | None = None
+    seq_len: int = 0
 
     @property
     def fits(self) -> bool:
-        return self.kv_tokens > 0
+        """vLLM starts only with room in the KV cache for one sequence of its maximum length."""
+        return self.kv_tokens >= max(self.seq_len, 1)
 
 
 def plan(
@@ -159,15 +188,27 @@ def plan(
         raise SamoyedsError(f"tensor parallel size must be at least 1, not {tp}")
     if unknown := [f for f in forms if f not in FORMS]:
         raise SamoyedsError(f"unknown form {', '.join(unknown)}; choose from {', '.join(FORMS)}")
+    if not (math.isfinite(gpu_bytes) and gpu_bytes > 0):
+        raise SamoyedsError(f"GPU memory must be a positive number of bytes, not {gpu_bytes}")
+    if not (math.isfinite(overhead_gib) and overhead_gib >= 0):
+        raise SamoyedsError(f"the overhead must be zero or more GiB, not {overhead_gib}")
+    if seq_len < 1:
+        raise SamoyedsError(f"the sequence length must be at least 1, not {seq_len}")
+    if segment is not None:
+        Pattern.parse("samoyeds", segment)  # a bad segment is the caller's error, not the model's
     per_token = kv_bytes_per_token(hf_config, tp)
     fits = []
     for name in forms:
+        form = FORMS[name]
         try:
-            weights = weight_bytes(hf_config, FORMS[name], tp, from_fp8, segment)
+            refusal = tensor_parallel_refusal(hf_config, form, tp, from_fp8, segment)
+            weights = None if refusal else weight_bytes(hf_config, form, tp, from_fp8, segment)
         except PatternError as e:
-            fits.append(Fit(FORMS[name], None, None, reason=str(e)))
+            refusal = str(e)
+        if refusal:
+            fits.append(Fit(form, None, None, reason=refusal, seq_len=seq_len))
             continue
         kv = utilization * gpu_bytes - weights - overhead_gib * GIB
         tokens = max(0, int(kv // per_token))
-        fits.append(Fit(FORMS[name], weights / GIB, kv / GIB, tokens, tokens / seq_len))
+        fits.append(Fit(form, weights / GIB, kv / GIB, tokens, tokens / seq_len, seq_len=seq_len))
     return fits

@@ -75,8 +75,28 @@ def test_tensor_parallel_shares_and_mla():
     assert one / 2 < two < one / 2 * 1.005  # norms and routers (replicated) are a sliver
     assert kv_bytes_per_token(QWEN3, tp=2) == kv_bytes_per_token(QWEN3) // 2  # 4 key/value heads, 2 per GPU
     assert kv_bytes_per_token(QWEN3, tp=8) == kv_bytes_per_token(QWEN3) // 4  # one head on each of 8
+    # a config whose only tensors are the attention projections of one layer: what each GPU holds of them
+    c = QWEN3
+    q, kv = 2 * c["hidden_size"] * 32 * 128, 2 * c["hidden_size"] * 4 * 128  # bf16 bytes of q_proj, of k_proj
+    attention = 2 * q + 2 * kv  # q_proj, o_proj, k_proj, v_proj
+    one_layer = dict(c, num_hidden_layers=1)
+    no_attention = weight_bytes(one_layer, FORMS["dense"], 8) - (2 * q + 2 * kv / 4) / 8
+    assert weight_bytes(one_layer, FORMS["dense"], 1) - attention == pytest.approx(no_attention * 8, rel=0.01)
     v3 = load_preset("deepseek_v3", "deepseek-v3")
     assert kv_bytes_per_token(v3) == kv_bytes_per_token(v3, tp=8) == 61 * (512 + 64) * 2  # the latent, whole
+    v3_one = dict(v3, num_hidden_layers=1, first_k_dense_replace=1)  # one dense layer: MLA and a dense MLP
+    low_rank = 2 * v3["hidden_size"] * (v3["q_lora_rank"] + v3["kv_lora_rank"] + v3["qk_rope_head_dim"])
+    sharded = weight_bytes(v3_one, FORMS["dense"], 1) - low_rank
+    assert weight_bytes(v3_one, FORMS["dense"], 8) == pytest.approx(low_rank + sharded / 8, rel=0.001)
+
+
+def test_tensor_parallel_sizes_vllm_or_the_method_refuse():
+    fits = {f.form.name: f for f in plan(QWEN3, ["dense", "dense-fp8", "samoyeds", "2of4"], GPU_BYTES["h100"], tp=8)}
+    assert fits["dense"].weights_gib is not None and fits["2of4"].weights_gib is not None
+    assert "segment" in fits["samoyeds"].reason and "TP = 8" in fits["samoyeds"].reason  # 96-wide shards
+    assert "scale blocks" in fits["dense-fp8"].reason
+    (fit,) = plan(QWEN3, ["dense"], GPU_BYTES["h100"], tp=3)
+    assert "32 attention heads do not divide among 3 GPUs" in fit.reason
 
 
 def test_a_pattern_the_experts_do_not_take_is_named():
@@ -89,18 +109,23 @@ def test_a_pattern_the_experts_do_not_take_is_named():
 def test_fit_prints_each_form_and_refuses_bad_input(tmp_path, capsys):
     assert main(["fit", "qwen3-235b-a22b", "--gpu", "h200"]) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
+    rows = {line.split()[0]: line for line in out.splitlines()[3:]}
     assert list(rows) == list(FORMS)
     assert "does not fit" in rows["dense-fp8"] and "does not fit" not in rows["samoyeds-fp8"]
     model = make_model("qwen3_moe", "tiny", tmp_path / "fp8", config_only=True, fp8_block=True)
     assert main(["fit", str(model), "--forms", "samoyeds-fp8"]) == 0
-    assert "FP8 checkpoint" in capsys.readouterr().out
+    assert "from this FP8 one (its other projections stay FP8)" in capsys.readouterr().out
     for bad, words in [
         (["fit", str(tmp_path / "none")], "no such directory"),
         (["fit", "qwen3-30b"], "neither a model directory nor a preset"),
         (["fit", "qwen3-30b-a3b", "--gpu", "a100"], "--gpu 'a100'"),
         (["fit", "qwen3-30b-a3b", "--forms", "sparse"], "unknown form sparse"),
         (["fit", "qwen3-30b-a3b", "--gpu-memory-utilization", "1.5"], "utilization"),
+        (["fit", "qwen3-30b-a3b", "--gpu", "inf"], "--gpu 'inf'"),
+        (["fit", "qwen3-30b-a3b", "--gpu", "-5"], "--gpu '-5'"),
+        (["fit", "qwen3-30b-a3b", "--seq-len", "0"], "sequence length"),
+        (["fit", "qwen3-30b-a3b", "--overhead-gib", "-1"], "overhead"),
+        (["fit", "qwen3-30b-a3b", "--segment", "100"], "segment"),
     ]:
         assert main(bad) == 2
         assert words in capsys.readouterr().err

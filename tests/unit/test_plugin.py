@@ -218,11 +218,6 @@ def fake_layer(**changes):
         ({"activation": MoEActivation.GELU}, "activation 'gelu'"),
         ({"activation": MoEActivation.SWIGLUOAI, "swiglu_limit": 7.0}, "clamped SwiGLU"),
         ({"moe_config": moe_config(has_bias=True)}, "expert biases"),
-        (
-            {"moe_config": moe_config(dp_size=2, use_ep=True, all2all_backend="deepep_low_latency")},
-            "data parallelism over --all2all-backend deepep_low_latency",
-        ),
-        ({"moe_config": moe_config(dp_size=2, all2all_backend="deepep_high_throughput")}, "data parallelism"),
         ({"apply_router_weight_on_input": True}, "router weights applied on the input with top_k 2"),
         ({"scoring_func": "sqrtsoftplus", "e_score_correction_bias": torch.zeros(8)}, "scoring function"),
     ],
@@ -231,7 +226,17 @@ def test_what_the_kernels_cannot_run_is_refused_at_load(changes, words):
     with pytest.raises(NotImplementedError, match=words):
         moe_method._check_supported(fake_layer(**changes))
     moe_method._check_supported(fake_layer())
-    moe_method._check_supported(fake_layer(moe_config=moe_config(dp_size=2, use_ep=True)))  # tested on two GPUs
+
+
+@pytest.mark.parametrize("use_ep", [True, False])
+def test_data_parallelism_needs_the_default_all_to_all(monkeypatch, use_ep):
+    monkeypatch.setattr(moe_method.current_platform, "is_cpu", lambda: False)  # as on a GPU
+    for backend in ("deepep_low_latency", "deepep_high_throughput", "flashinfer_nvlink_one_sided"):
+        layer = fake_layer(moe_config=moe_config(dp_size=2, use_ep=use_ep, all2all_backend=backend))
+        with pytest.raises(NotImplementedError, match=f"default all-to-all .*, not --all2all-backend {backend}"):
+            moe_method._check_supported(layer)
+        moe_method._check_supported(fake_layer(moe_config=moe_config(use_ep=use_ep, all2all_backend=backend)))
+    moe_method._check_supported(fake_layer(moe_config=moe_config(dp_size=2, use_ep=use_ep)))  # tested on two GPUs
 
 
 def test_router_weight_on_the_input():
