@@ -254,10 +254,10 @@ def _fit(args: argparse.Namespace) -> None:
     print(f"{header} {args.seq_len}-token seqs")
     for fit in fits:
         if fit.weights_gib is None:
-            print(f"{fit.form.name:<14} {fit.form.describe():<28} refused: {fit.reason}")
+            print(f"{fit.name:<14} {fit.form.describe(args.segment):<28} refused: {fit.reason}")
             continue
         room = f"{fit.sequences:.1f}" if fit.fits else "does not fit"
-        print(f"{fit.form.name:<14} {fit.form.describe():<28} {fit.weights_gib:>12.2f} {fit.kv_gib:>8.2f} "
+        print(f"{fit.name:<14} {fit.form.describe(args.segment):<28} {fit.weights_gib:>12.2f} {fit.kv_gib:>8.2f} "
               f"{fit.kv_tokens:>11,} {room}")  # fmt: skip
 
 
@@ -266,12 +266,13 @@ def _model_config(model: str) -> tuple[dict, bool]:
     from .tools.checkpoint_io import read_config
     from .tools.presets import available_presets, load_preset
 
-    if model in available_presets():
-        config = load_preset(available_presets()[model], model)
+    presets = available_presets()
+    if model in presets:
+        config = load_preset(presets[model], model)
     elif Path(model).exists() or "/" in model:
         config = read_config(Path(model))
     else:
-        raise SamoyedsError(f"{model!r} is neither a model directory nor a preset ({', '.join(available_presets())})")
+        raise SamoyedsError(f"{model!r} is neither a model directory nor a preset ({', '.join(presets)})")
     quantization = config.get("quantization_config") or {}
     return config, quantization.get("quant_method") == "fp8"
 

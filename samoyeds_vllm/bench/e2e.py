@@ -50,8 +50,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import SamoyedsError
-from ..format import Pattern
-from ..tools.model_maker import preset_model
+from ..tools.model_maker import FORMS, ModelForm
 from ..tools.vllm_server import (
     JIT_MONITOR_FLAGS,
     VllmServer,
@@ -73,44 +72,11 @@ STAGES = ("offline", "serving", "capacity")
 
 
 @dataclass(frozen=True)
-class ModelMaker:
-    """Writes a variant's config-only model: dense (pattern None) as vLLM serves it, or a packed `pattern`
-    checkpoint; `fp8`: FP8 block-128 weights for a dense model, FP8 values for a sparse one."""
-
-    pattern: str | None = None  # "samoyeds" or "2:4"
-    fp8: bool = False
-
-    @property
-    def dense(self) -> bool:
-        return self.pattern is None
-
-    @property
-    def needs_cuda(self) -> bool:
-        """vLLM's CPU backend has no FP8 block-quantized linear or MoE; our FP8 values have a CPU reference."""
-        return self.dense and self.fp8
-
-    def describe(self, segment: int | None) -> str:
-        if self.dense:
-            return "dense, FP8 128x128 blocks" if self.fp8 else "dense, bf16"
-        return f"{self._pattern(segment)}, {'FP8' if self.fp8 else 'bf16'} values"
-
-    def _pattern(self, segment: int | None) -> Pattern:
-        return Pattern.parse(self.pattern, segment if self.pattern == "samoyeds" else None)
-
-    def __call__(self, preset: str, segment: int | None, out: Path) -> Path:
-        if self.dense:
-            return preset_model(preset, out, fp8_block=self.fp8)
-        from ..format import FP8
-
-        return preset_model(preset, out, self._pattern(segment), sparse_values=FP8 if self.fp8 else None)
-
-
-@dataclass(frozen=True)
 class Variant:
     """A name, its model and what its processes' environment adds (a value None unsets the variable)."""
 
     name: str
-    model: ModelMaker
+    model: ModelForm
     env: Mapping[str, str | None] = field(default_factory=dict)
 
 
@@ -122,17 +88,14 @@ _FP8_DENSE = {**_VLLM_DEFAULT_MOE, "VLLM_DEEP_GEMM_WARMUP": "skip"}
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
-        Variant("dense", ModelMaker(), _VLLM_DEFAULT_MOE),
-        Variant("dense-fp8", ModelMaker(fp8=True), _FP8_DENSE),
+        Variant("dense", FORMS["dense"], _VLLM_DEFAULT_MOE),
+        Variant("dense-fp8", FORMS["dense-fp8"], _FP8_DENSE),
         Variant(
             "dense-fp8-deepgemm",
-            ModelMaker(fp8=True),
+            FORMS["dense-fp8"],
             {**_FP8_DENSE, "VLLM_USE_DEEP_GEMM": "1", "VLLM_MOE_USE_DEEP_GEMM": "1"},
         ),
-        Variant("samoyeds", ModelMaker("samoyeds"), _VLLM_DEFAULT_MOE),
-        Variant("samoyeds-fp8", ModelMaker("samoyeds", fp8=True), _VLLM_DEFAULT_MOE),
-        Variant("2of4", ModelMaker("2:4"), _VLLM_DEFAULT_MOE),
-        Variant("2of4-fp8", ModelMaker("2:4", fp8=True), _VLLM_DEFAULT_MOE),
+        *(Variant(name, FORMS[name], _VLLM_DEFAULT_MOE) for name in ("samoyeds", "samoyeds-fp8", "2of4", "2of4-fp8")),
     )
 }
 DEFAULT_VARIANTS = ("dense", "dense-fp8", "samoyeds", "samoyeds-fp8")

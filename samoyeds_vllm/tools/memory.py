@@ -24,49 +24,17 @@ from dataclasses import dataclass
 
 from ..errors import PatternError, SamoyedsError
 from ..format import Pattern
+from ..format.fp8_blocks import BLOCK, scale_shape
 from .architectures import ALIASES, ARCHITECTURES, moe_shape, text_config
-from .model_maker import weight_specs
+from .model_maker import FORMS, FP8_WEIGHT, ModelForm, weight_specs
 
 GIB = 2**30
 #: Memory of one GPU as the driver reports it (nvidia-smi's total, which vLLM's --gpu-memory-utilization scales).
 GPU_BYTES = {"h100": 81559 * 2**20, "h200": 143771 * 2**20}
 DEFAULT_OVERHEAD_GIB = 4.0
-_BLOCK = 128  # the block of FP8 checkpoints' weight_scale_inv (Qwen3-*-FP8, DeepSeek-V3)
-
-#: Projections FP8 checkpoints store in FP8 (as model_maker writes them); embeddings, norms, routers and the LM
-#: head stay bf16.
-_FP8_WEIGHT = re.compile(r".*(_proj|\.w[123])\.weight$")
 #: Tensors every GPU holds whole under tensor parallelism (besides 1-D ones): routers, MLA's low-rank inputs.
 _REPLICATED = re.compile(r".*\.(gate|router|shared_expert_gate|q_a_proj|kv_a_proj_with_mqa)\.weight$")
 _KV_PROJ = re.compile(r".*\.(k_proj|v_proj)\.weight$")
-
-
-@dataclass(frozen=True)
-class Form:
-    """How the model is stored: its routed experts dense (pattern None) or packed, FP8 or bf16."""
-
-    name: str
-    pattern: str | None = None  # "samoyeds" or "2:4"
-    fp8: bool = False  # dense: FP8 projections with block scales; packed: FP8 kept values with a scale per row
-
-    def describe(self) -> str:
-        if self.pattern is None:
-            return "dense, FP8 128x128 blocks" if self.fp8 else "dense, bf16"
-        return f"{self.pattern}, {'FP8' if self.fp8 else 'bf16'} values"
-
-
-#: The forms `bench e2e` serves, by its variant names.
-FORMS = {
-    f.name: f
-    for f in (
-        Form("dense"),
-        Form("dense-fp8", fp8=True),
-        Form("samoyeds", "samoyeds"),
-        Form("samoyeds-fp8", "samoyeds", fp8=True),
-        Form("2of4", "2:4"),
-        Form("2of4-fp8", "2:4", fp8=True),
-    )
-}
 
 
 def _expert_matrices(arch, name: str, shape: tuple[int, ...]) -> list[tuple[int, int]] | None:
@@ -82,7 +50,7 @@ def _expert_matrices(arch, name: str, shape: tuple[int, ...]) -> list[tuple[int,
 
 def _fp8_bytes(m: int, k: int) -> int:
     """An FP8 [m, k] projection with one fp32 scale per 128 x 128 block."""
-    return m * k + math.ceil(m / _BLOCK) * math.ceil(k / _BLOCK) * 4
+    return m * k + math.prod(scale_shape((m, k))) * 4
 
 
 def _packed_bytes(m: int, k: int, pattern: Pattern, fp8: bool) -> int:
@@ -91,7 +59,9 @@ def _packed_bytes(m: int, k: int, pattern: Pattern, fp8: bool) -> int:
     return sum(math.prod(shape) * sizes[part] for part, shape in shapes.items())
 
 
-def tensor_parallel_refusal(hf_config: dict, form: Form, tp: int, from_fp8: bool = False, segment: int | None = None):
+def tensor_parallel_refusal(
+    hf_config: dict, form: ModelForm, tp: int, from_fp8: bool = False, segment: int | None = None
+):
     """Why vLLM or the method would refuse this form at tensor parallel size `tp` (None: they would not): heads
     that do not divide, expert shards that cut segments, or FP8 scale blocks."""
     c = text_config(hf_config)
@@ -104,22 +74,23 @@ def tensor_parallel_refusal(hf_config: dict, form: Form, tp: int, from_fp8: bool
     if inter % tp:
         return f"the expert intermediate size {inter} does not divide among {tp} GPUs"
     shard = inter // tp
-    if form.pattern is not None:
-        pattern = Pattern.parse(form.pattern, segment if form.pattern == "samoyeds" else None)
+    if (pattern := form.parsed_pattern(segment)) is not None:
         try:
             pattern.check_shape((moe_shape(hf_config).hidden, shard), "down projection shard")
         except PatternError as e:
             return f"{e} (at TP = {tp})" if tp > 1 else str(e)
-    if tp > 1 and shard % _BLOCK and (form.fp8 if form.pattern is None else from_fp8):
-        return f"{shard}-wide expert shards at TP = {tp} cut the FP8 checkpoint's {_BLOCK} x {_BLOCK} scale blocks"
+    if tp > 1 and any(shard % b for b in BLOCK) and (form.fp8 if form.dense else from_fp8):
+        return f"{shard}-wide expert shards at TP = {tp} cut the FP8 checkpoint's {BLOCK[0]} x {BLOCK[1]} scale blocks"
     return None
 
 
-def weight_bytes(hf_config: dict, form: Form, tp: int = 1, from_fp8: bool = False, segment: int | None = None) -> int:
+def weight_bytes(
+    hf_config: dict, form: ModelForm, tp: int = 1, from_fp8: bool = False, segment: int | None = None
+) -> int:
     """Bytes of the weights on each of `tp` GPUs once loaded. `from_fp8`: the model was converted from an FP8
     block-quantized checkpoint, whose other projections the sparse checkpoint keeps in FP8."""
     arch = ARCHITECTURES[ALIASES.get(hf_config["model_type"], hf_config["model_type"])]
-    pattern = Pattern.parse(form.pattern, segment if form.pattern == "samoyeds" else None) if form.pattern else None
+    pattern = form.parsed_pattern(segment)
     kv_heads = text_config(hf_config).get("num_key_value_heads")
     other_fp8 = form.fp8 if pattern is None else from_fp8
     total = 0.0
@@ -129,7 +100,7 @@ def weight_bytes(hf_config: dict, form: Form, tp: int = 1, from_fp8: bool = Fals
                 size = sum(_fp8_bytes(m, k) if form.fp8 else 2 * m * k for m, k in experts)
             else:
                 size = sum(_packed_bytes(m, k, pattern, form.fp8) for m, k in experts)
-        elif other_fp8 and len(shape) == 2 and _FP8_WEIGHT.match(name):
+        elif other_fp8 and len(shape) == 2 and FP8_WEIGHT.match(name):
             size = _fp8_bytes(*shape)
         else:
             size = 2 * math.prod(shape)
@@ -156,13 +127,17 @@ def kv_bytes_per_token(hf_config: dict, tp: int = 1, dtype_bytes: int = 2) -> in
 
 @dataclass(frozen=True)
 class Fit:
-    form: Form
+    name: str  # of the form, in FORMS
     weights_gib: float | None  # per GPU; None: the form is refused for this model and layout (`reason`)
     kv_gib: float | None  # per GPU; negative: the weights and the overhead alone do not fit
     kv_tokens: int = 0
     sequences: float = 0.0  # of seq_len tokens at once
     reason: str | None = None
     seq_len: int = 0
+
+    @property
+    def form(self) -> ModelForm:
+        return FORMS[self.name]
 
     @property
     def fits(self) -> bool:
@@ -206,9 +181,9 @@ def plan(
         except PatternError as e:
             refusal = str(e)
         if refusal:
-            fits.append(Fit(form, None, None, reason=refusal, seq_len=seq_len))
+            fits.append(Fit(name, None, None, reason=refusal, seq_len=seq_len))
             continue
         kv = utilization * gpu_bytes - weights - overhead_gib * GIB
         tokens = max(0, int(kv // per_token))
-        fits.append(Fit(form, weights / GIB, kv / GIB, tokens, tokens / seq_len, seq_len=seq_len))
+        fits.append(Fit(name, weights / GIB, kv / GIB, tokens, tokens / seq_len, seq_len=seq_len))
     return fits

@@ -295,13 +295,13 @@ def _random_tensor(
 
 #: The weights an FP8 block-quantized checkpoint stores in FP8: attention, expert and MLP projections (Qwen3-FP8
 #: and DeepSeek-V3 keep embeddings, norms, routers and the LM head in bf16).
-_FP8_WEIGHT = re.compile(r".*(_proj|\.w[123])\.weight$")
+FP8_WEIGHT = re.compile(r".*(_proj|\.w[123])\.weight$")
 
 
 def _not_fp8_modules(hf_config: dict) -> list[str]:
     """modules_to_not_convert of an FP8 block config: the linear layers that stay unquantized (routers, LM head)."""
     names = [name.removesuffix(".weight") for name, shape in weight_specs(hf_config) if len(shape) == 2]
-    return [n for n in names if not _FP8_WEIGHT.match(n + ".weight") and not n.endswith("embed_tokens")]
+    return [n for n in names if not FP8_WEIGHT.match(n + ".weight") and not n.endswith("embed_tokens")]
 
 
 def write_weights(
@@ -322,7 +322,7 @@ def write_weights(
         for name, shape in specs:
             tensor = _random_tensor(name, shape, dtype, generator, _fan_in(arch, name, shape))
             progress.update(tensor.nbytes)
-            if block and _FP8_WEIGHT.match(name):
+            if block and FP8_WEIGHT.match(name):
                 tensor, scale_inv = quantize_blocks(tensor, block)
                 writer.add(name + SCALE_SUFFIX, scale_inv)
             writer.add(name, tensor)
@@ -429,3 +429,48 @@ def preset_model(
         sparse_values=sparse_values,
         fp8_block=fp8_block,
     )
+
+
+@dataclass(frozen=True)
+class ModelForm:
+    """How a model is stored: its routed experts dense (pattern None) as vLLM serves it, or packed in `pattern`;
+    `fp8`: FP8 block-128 projections for a dense model, FP8 kept values for a packed one."""
+
+    pattern: str | None = None  # "samoyeds" or "2:4"
+    fp8: bool = False
+
+    @property
+    def dense(self) -> bool:
+        return self.pattern is None
+
+    @property
+    def needs_cuda(self) -> bool:
+        """vLLM's CPU backend has no FP8 block-quantized linear or MoE; our FP8 values have a CPU reference."""
+        return self.dense and self.fp8
+
+    def parsed_pattern(self, segment: int | None) -> Pattern | None:
+        return None if self.dense else Pattern.parse(self.pattern, segment if self.pattern == "samoyeds" else None)
+
+    def describe(self, segment: int | None = None) -> str:
+        if self.dense:
+            return "dense, FP8 128x128 blocks" if self.fp8 else "dense, bf16"
+        return f"{self.parsed_pattern(segment)}, {'FP8' if self.fp8 else 'bf16'} values"
+
+    def __call__(self, preset: str, segment: int | None, out: Path) -> Path:
+        """The preset's config-only model in this form (preset_model)."""
+        if self.dense:
+            return preset_model(preset, out, fp8_block=self.fp8)
+        from ..format import FP8
+
+        return preset_model(preset, out, self.parsed_pattern(segment), sparse_values=FP8 if self.fp8 else None)
+
+
+#: The forms the end-to-end benchmarks serve and `samoyeds-vllm fit` counts, by name.
+FORMS = {
+    "dense": ModelForm(),
+    "dense-fp8": ModelForm(fp8=True),
+    "samoyeds": ModelForm("samoyeds"),
+    "samoyeds-fp8": ModelForm("samoyeds", fp8=True),
+    "2of4": ModelForm("2:4"),
+    "2of4-fp8": ModelForm("2:4", fp8=True),
+}

@@ -91,7 +91,7 @@ def test_tensor_parallel_shares_and_mla():
 
 
 def test_tensor_parallel_sizes_vllm_or_the_method_refuse():
-    fits = {f.form.name: f for f in plan(QWEN3, ["dense", "dense-fp8", "samoyeds", "2of4"], GPU_BYTES["h100"], tp=8)}
+    fits = {f.name: f for f in plan(QWEN3, ["dense", "dense-fp8", "samoyeds", "2of4"], GPU_BYTES["h100"], tp=8)}
     assert fits["dense"].weights_gib is not None and fits["2of4"].weights_gib is not None
     assert "segment" in fits["samoyeds"].reason and "TP = 8" in fits["samoyeds"].reason  # 96-wide shards
     assert "scale blocks" in fits["dense-fp8"].reason
@@ -101,7 +101,7 @@ def test_tensor_parallel_sizes_vllm_or_the_method_refuse():
 
 def test_a_pattern_the_experts_do_not_take_is_named():
     config = dict(QWEN3, moe_intermediate_size=96)  # the down projection's 96 inputs: no whole segment of 128
-    fits = {f.form.name: f for f in plan(config, ["samoyeds", "2of4"], GPU_BYTES["h100"])}
+    fits = {f.name: f for f in plan(config, ["samoyeds", "2of4"], GPU_BYTES["h100"])}
     assert fits["samoyeds"].weights_gib is None and "segment" in fits["samoyeds"].reason
     assert fits["2of4"].weights_gib is not None
 
