@@ -209,6 +209,8 @@ def _bench_e2e(args: argparse.Namespace) -> None:
                 "backend has no kernel for them); without one, run "
                 + ",".join(v for v in VARIANTS if not VARIANTS[v].model.needs_cuda)
             )
+    if args.dense_tp < 1:
+        raise SamoyedsError(f"--dense-tp wants a number of GPUs, not {args.dense_tp}")
     work = Workload(
         mixes=tuple(mixes),
         batch_sizes=batch_sizes,
@@ -219,6 +221,7 @@ def _bench_e2e(args: argparse.Namespace) -> None:
         engine_args=tuple(shlex.split(args.engine_args)),
         stages=tuple(s for s in STAGES if s in stages),
         engine_timeout=args.engine_timeout,
+        dense_tensor_parallel_size=args.dense_tp,
     )
     bench_e2e(args.model, Path(args.out), work, variants, args.segment)
 
@@ -455,6 +458,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-args", default="", help="extra engine flags for every variant, quoted")
     p.add_argument(
         "--engine-timeout", type=float, default=3600.0, help="seconds one offline engine may run (default 3600)"
+    )
+    p.add_argument(
+        "--dense-tp",
+        type=int,
+        default=1,
+        help="run the dense variants with this tensor parallelism (a model that fits one GPU sparse against dense "
+        "spread over several); sparse variants run on one GPU",
     )
     p.add_argument("--report", action="store_true", help="only write the comparison of what OUT holds")
     p.set_defaults(func=_bench_e2e)

@@ -362,6 +362,19 @@ class Workload:
     engine_args: tuple[str, ...] = ()
     stages: tuple[str, ...] = STAGES
     engine_timeout: float = 3600.0
+    dense_tensor_parallel_size: int = 1
+
+    def gpus(self, variant: Variant) -> int:
+        """How many GPUs `variant` runs on: the dense ones over `dense_tensor_parallel_size` (a big model that
+        fits one GPU sparse, against dense spread over several), the sparse ones on one."""
+        return self.dense_tensor_parallel_size if variant.model.dense else 1
+
+    def variant_engine_args(self, variant: Variant) -> list[str]:
+        """The engine flags of `variant`'s engines."""
+        tp = self.gpus(variant)
+        return ["--load-format", "dummy", *JIT_MONITOR_FLAGS, *self.engine_args] + (
+            ["--tensor-parallel-size", str(tp)] if tp > 1 else []
+        )
 
     def steps(self) -> int:
         """Progress steps per variant: an offline engine per mix, a serving level per concurrency, the probe."""
@@ -376,7 +389,7 @@ def run_variant(
     """Measures one variant into `result`, skipping what it already holds (a run cut short resumes) and calling
     `save` after each step."""
     mixes = [tuple(m) for m in work.mixes]
-    engine_args = ["--load-format", "dummy", *JIT_MONITOR_FLAGS, *work.engine_args]
+    engine_args = work.variant_engine_args(variant)
     env = variant_env(variant)
     result["env"] = recorded_env(env)
     result["engine_args"] = engine_args
@@ -484,7 +497,13 @@ def bench_e2e(
             start = progress.n
             progress.set_postfix_str(name)
             path = out / f"variant-{name}.json"
-            settings = {**common, "variant": name, "model": variant.model.describe(segment), "env": dict(variant.env)}
+            settings = {
+                **common,
+                "variant": name,
+                "model": variant.model.describe(segment),
+                "env": dict(variant.env),
+                "gpus": work.gpus(variant),
+            }
             saved = json.loads(path.read_text()) if path.exists() else {}
             result = saved if saved.get("settings") == settings and "failed" not in saved else {"settings": settings}
             model = variant.model(preset, segment, out / "models" / name)
@@ -613,6 +632,12 @@ def markdown(results: dict) -> str:
         "dense variant at that point (for TTFT and TPOT dense / ours: above 1 is faster).",
         "",
     ]
+    if spread := {n: v[n]["settings"]["gpus"] for n in names if v[n]["settings"].get("gpus", 1) > 1}:
+        lines += [
+            f"**Not one GPU each**: {', '.join(f'{n} ran on {g} GPUs (tensor parallel)' for n, g in spread.items())}, "
+            "the others on one; the ratios compare them as they ran.",
+            "",
+        ]
     for name in names:
         if "failed" in v[name]:
             lines += [f"**{name} did not run**: {_failure_reason(v[name]['failed'])}", ""]
@@ -642,8 +667,8 @@ def markdown(results: dict) -> str:
     memory = {n: _memory(v[n]) for n in names}
     measured = {n: memory[n].get("measured", {}) for n in names}
     rows = [
-        ("model weights GiB", {n: memory[n].get("weights_gib") for n in names}, "", None),
-        ("KV cache GiB", {n: memory[n].get("kv_cache_gib") for n in names}, "", None),
+        ("model weights GiB per GPU", {n: memory[n].get("weights_gib") for n in names}, "", None),
+        ("KV cache GiB per GPU", {n: memory[n].get("kv_cache_gib") for n in names}, "", None),
         ("KV-cache tokens", {n: memory[n].get("kv_cache_tokens") for n in names}, ",", True),
         (
             f"concurrent {next((m['seq_len'] for m in measured.values() if 'seq_len' in m), '-')}-token sequences "
@@ -661,13 +686,19 @@ def markdown(results: dict) -> str:
         lines.append(f"| {label} | " + " | ".join([*cells, best]) + " |")
     kernels = [memory[n].get("moe_backend", "-" if _is_dense(n) or "failed" in v[n] else "samoyeds") for n in names]
     lines += [f"| MoE kernels | {' | '.join(kernels)} | |", ""]
-    lines += ["**how each variant ran**", "", "| variant | model | environment | offline engine |", "|---|---|---|---|"]
+    lines += [
+        "**how each variant ran**",
+        "",
+        "| variant | GPUs | model | environment | offline engine |",
+        "|---|---|---|---|---|",
+    ]
     for name in names:
         engine = next(iter(v[name].get("offline_engines", {}).values()), {})
         shown = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "cudagraph_mode")
         engine_text = ", ".join(f"{k} {engine[k]}" for k in shown if k in engine) or "-"
         env = " ".join(f"{k}={x}" for k, x in v[name].get("env", {}).items()) or "-"
-        lines.append(f"| {name} | {v[name]['settings'].get('model', '-')} | {env} | {engine_text} |")
+        settings = v[name]["settings"]
+        lines.append(f"| {name} | {settings.get('gpus', 1)} | {settings.get('model', '-')} | {env} | {engine_text} |")
     return "\n".join(lines) + "\n"
 
 

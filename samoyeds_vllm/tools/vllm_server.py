@@ -184,13 +184,19 @@ def without_jit(measure, log: Path, attempts: int = 3, caches: Iterable[Path] = 
             return result, {"timed_runs": runs, "jit_compiles": compiled, "jit_free": events == 0}
 
 
-def nvidia_smi(query: str, *formats: str) -> str | None:
-    """nvidia-smi's CSV answer to `--query-...=` (e.g. "gpu=memory.used"), None without nvidia-smi or on an error."""
+def nvidia_smi(query: str, *formats: str, gpus: list[str] | None = None) -> str | None:
+    """nvidia-smi's CSV answer to `--query-...=` (e.g. "gpu=memory.used") about `gpus` (indices or UUIDs; all
+    when None), None without nvidia-smi or on an error."""
     if not shutil.which("nvidia-smi"):
         return None
     try:
         done = subprocess.run(
-            ["nvidia-smi", f"--query-{query}", "--format=" + ",".join(("csv", "noheader", *formats))],
+            [
+                "nvidia-smi",
+                f"--query-{query}",
+                "--format=" + ",".join(("csv", "noheader", *formats)),
+                *([f"--id={','.join(gpus)}"] if gpus else []),
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -201,10 +207,20 @@ def nvidia_smi(query: str, *formats: str) -> str | None:
         return None
 
 
+def visible_gpus() -> list[str] | None:
+    """The GPUs CUDA_VISIBLE_DEVICES names (indices or UUIDs), None when it is unset: what nvidia-smi, which sees
+    every GPU of the machine, should look at (engines here use only those, and another job may use the others)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if visible is None else [gpu.strip() for gpu in visible.split(",") if gpu.strip()]
+
+
 def gpu_memory_used() -> list[float] | None:
-    """GiB in use on each GPU, by nvidia-smi (or torch in a fresh process, so this process never holds a CUDA
-    context); None on a machine without a GPU."""
-    answer = nvidia_smi("gpu=memory.used", "nounits")
+    """GiB in use on each visible GPU, by nvidia-smi (or torch in a fresh process, so this process never holds a
+    CUDA context); None on a machine without a GPU."""
+    visible = visible_gpus()
+    if visible == []:
+        return None
+    answer = nvidia_smi("gpu=memory.used", "nounits", gpus=visible)
     if answer is not None:
         try:
             return [float(mib) / 1024 for mib in answer.split()]

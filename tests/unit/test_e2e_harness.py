@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from samoyeds_vllm.bench.e2e import DEFAULT_VARIANTS, VARIANTS, markdown, variant_env
+from samoyeds_vllm.bench.e2e import DEFAULT_VARIANTS, VARIANTS, Workload, markdown, variant_env
 from samoyeds_vllm.cli import build_parser, main
+from samoyeds_vllm.tools import vllm_server
 from samoyeds_vllm.tools.vllm_server import deep_gemm_cache, without_jit
 
 
@@ -105,7 +106,60 @@ def test_the_comparison_is_against_the_best_dense_variant_at_each_point():
     assert "| KV-cache tokens | 708,000 | 1,010,000 | 1,140,000 (1.13×) | - | dense-fp8 |" in text
     assert "**2of4-fp8 did not run**: torch.OutOfMemoryError: CUDA out of memory" in text
     assert "still compiled" not in text
-    assert "| dense-fp8 | dense, FP8 128x128 blocks | VLLM_DEEP_GEMM_WARMUP=skip | max_num_seqs 1024 |" in text
+    assert "| dense-fp8 | 1 | dense, FP8 128x128 blocks | VLLM_DEEP_GEMM_WARMUP=skip | max_num_seqs 1024 |" in text
+    assert "Not one GPU each" not in text
+
+
+def test_dense_spread_over_several_gpus_against_sparse_on_one():
+    work = Workload(engine_args=("--max-model-len", "4096"), dense_tensor_parallel_size=2)
+    assert work.variant_engine_args(VARIANTS["dense-fp8"])[-2:] == ["--tensor-parallel-size", "2"]
+    assert "--tensor-parallel-size" not in work.variant_engine_args(VARIANTS["samoyeds-fp8"])
+    assert work.variant_engine_args(VARIANTS["samoyeds-fp8"])[-2:] == ["--max-model-len", "4096"]
+    assert "--tensor-parallel-size" not in Workload().variant_engine_args(VARIANTS["dense"])
+    dense = _result("dense, FP8 128x128 blocks", {64: 1000})
+    dense["settings"]["gpus"] = 2
+    results = {
+        "preset": "qwen3-235b-a22b",
+        "date": "2026-11-26",
+        "device": "2 x NVIDIA H200",
+        "vllm": "0.26.0",
+        "torch": "2.11.0",
+        "engine_args": [],
+        "variants": {"dense-fp8": dense, "samoyeds-fp8": _result("samoyeds(V=128), FP8 values", {64: 900})},
+    }
+    text = markdown(results)
+    assert "**Not one GPU each**: dense-fp8 ran on 2 GPUs (tensor parallel), the others on one" in text
+    assert "| 128/128 | 64 | 1,000 | 900 (0.90×) | dense-fp8 |" in text
+    assert "| dense-fp8 | 2 | dense, FP8 128x128 blocks |" in text
+    assert "| samoyeds-fp8 | 1 | samoyeds(V=128), FP8 values |" in text
+
+
+def test_dense_tp_must_be_a_number_of_gpus(tmp_path, capsys):
+    assert main(["bench", "e2e", "--out", str(tmp_path), "--variants", "samoyeds", "--dense-tp", "0"]) == 2
+    assert "--dense-tp wants a number of GPUs, not 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "visible, ids", [(None, None), ("1", ["1"]), ("0, 1", ["0", "1"]), ("GPU-ab12", ["GPU-ab12"]), ("", [])]
+)
+def test_gpu_memory_is_read_on_the_visible_gpus_only(monkeypatch, visible, ids):
+    """Another job may use the GPUs this run does not see: waiting for their memory would never end."""
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    asked = []
+
+    def answer(query, *formats, gpus=None):
+        asked.append(gpus)
+        return "\n".join("2048" for _ in gpus or ["0", "1"]) + "\n"
+
+    monkeypatch.setattr(vllm_server, "nvidia_smi", answer)
+    used = vllm_server.gpu_memory_used()
+    if ids == []:  # no GPU visible: nothing to wait for
+        assert used is None and asked == []
+    else:
+        assert asked == [ids] and used == [2.0] * (len(ids) if ids else 2)
 
 
 def test_an_engine_group_is_ended_with_its_leader(tmp_path):
