@@ -227,7 +227,7 @@ def _bench_e2e(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    from .tools.memory import DEFAULT_OVERHEAD_GIB, FORMS, GIB, GPU_BYTES, kv_bytes_per_token, plan
+    from .tools.memory import FORMS, GIB, GPU_BYTES, default_overhead_gib, kv_bytes_per_token, plan
 
     config, from_fp8 = _model_config(args.model)
     gpu = args.gpu.lower()
@@ -238,7 +238,7 @@ def _fit(args: argparse.Namespace) -> None:
     if not 0 < gpu_bytes < float("inf"):
         raise SamoyedsError(f"--gpu {args.gpu!r}: give {' or '.join(GPU_BYTES)}, or the GPU's memory in GiB")
     forms = args.forms.split(",") if args.forms else list(FORMS)
-    overhead = DEFAULT_OVERHEAD_GIB if args.overhead_gib is None else args.overhead_gib
+    overhead = default_overhead_gib(args.tensor_parallel_size) if args.overhead_gib is None else args.overhead_gib
     fits = plan(config, forms, gpu_bytes, args.tensor_parallel_size, args.gpu_memory_utilization, overhead,
                 args.seq_len, from_fp8, args.segment)  # fmt: skip
     per_gpu = " per GPU" if args.tensor_parallel_size > 1 else ""
@@ -391,7 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="h100", help="h100 (80 GB), h200 (141 GB) or the GPU's memory in GiB")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="as vLLM's (default 0.9)")
-    p.add_argument("--overhead-gib", type=float, help="memory vLLM keeps for activations and CUDA graphs (4)")
+    p.add_argument(
+        "--overhead-gib",
+        type=float,
+        help="memory vLLM keeps per GPU for activations, CUDA graphs and, under tensor parallelism, its "
+        "communicators (default 4, or 5 with -tp above 1)",
+    )
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence for the sequences column")
     p.add_argument("--forms", help="comma-separated (default all): dense,dense-fp8,samoyeds,samoyeds-fp8,2of4,2of4-fp8")
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment V (default 128)")

@@ -666,10 +666,17 @@ def markdown(results: dict) -> str:
         lines += [f"**A kernel was still compiled in every timed run** (so these include it): {jit}", ""]
     memory = {n: _memory(v[n]) for n in names}
     measured = {n: memory[n].get("measured", {}) for n in names}
+    estimated = {n: memory[n].get("estimated_max_seqs") for n in names}
     rows = [
         ("model weights GiB per GPU", {n: memory[n].get("weights_gib") for n in names}, "", None),
         ("KV cache GiB per GPU", {n: memory[n].get("kv_cache_gib") for n in names}, "", None),
         ("KV-cache tokens", {n: memory[n].get("kv_cache_tokens") for n in names}, ",", True),
+        (
+            f"concurrent {next((e['tokens'] for e in estimated.values() if e), '-')}-token sequences (vLLM's estimate)",
+            {n: (estimated[n] or {}).get("sequences") for n in names},
+            ",.1f",
+            True,
+        ),
         (
             f"concurrent {next((m['seq_len'] for m in measured.values() if 'seq_len' in m), '-')}-token sequences "
             "without preemption (measured)",
@@ -749,6 +756,9 @@ def plot(results: dict, out: Path) -> None:
         ("throughput-vs-concurrency", "output_tokens_per_s", "output tokens/s"),
         ("latency-vs-load", "median_tpot_ms", "median TPOT (ms)"),
     ):
+        if not any(v[n].get("serving", {}).get("levels") for n in names):
+            (out / f"{name}.png").unlink(missing_ok=True)  # not served: no plot rather than empty axes
+            continue
         fig, ax = plt.subplots(figsize=(6, 4))
         for variant in names:
             levels = v[variant].get("serving", {}).get("levels", [])

@@ -10,7 +10,9 @@ MLA's low-rank input projections and, with fewer key/value heads than GPUs, one 
 
 What vLLM keeps beside weights and KV cache (the activations of its profiling run, CUDA graphs, the CUDA context)
 is not in config.json: `overhead` stands for it, measured at 3.4-4.0 GiB on the Qwen3-30B-A3B shape (vLLM 0.26, H100,
-its default 8192 batched tokens); docs/benchmarks.md compares these estimates with engine logs.
+its default 8192 batched tokens) and 3.6 GiB on Qwen3-235B-A22B on one H200; under tensor parallelism each GPU also
+keeps the communicators' buffers (5.1 GiB per GPU in all, Qwen3-235B-A22B over two H200s). docs/benchmarks.md
+compares these estimates with engine logs.
 
 The packed forms count a converted checkpoint (`samoyeds-vllm convert`). Sparsifying on load (`--quantization
 samoyeds` on a dense checkpoint) first loads the dense experts, so the dense form's weights must fit too.
@@ -32,6 +34,14 @@ GIB = 2**30
 #: Memory of one GPU as the driver reports it (nvidia-smi's total, which vLLM's --gpu-memory-utilization scales).
 GPU_BYTES = {"h100": 81559 * 2**20, "h200": 143771 * 2**20}
 DEFAULT_OVERHEAD_GIB = 4.0
+TENSOR_PARALLEL_OVERHEAD_GIB = 5.0
+
+
+def default_overhead_gib(tp: int) -> float:
+    """The estimate of what vLLM keeps per GPU beside weights and KV cache (see the module's text)."""
+    return TENSOR_PARALLEL_OVERHEAD_GIB if tp > 1 else DEFAULT_OVERHEAD_GIB
+
+
 #: Tensors every GPU holds whole under tensor parallelism (besides 1-D ones): routers, MLA's low-rank inputs.
 _REPLICATED = re.compile(r".*\.(gate|router|shared_expert_gate|q_a_proj|kv_a_proj_with_mqa)\.weight$")
 _KV_PROJ = re.compile(r".*\.(k_proj|v_proj)\.weight$")
@@ -151,12 +161,13 @@ def plan(
     gpu_bytes: int,
     tp: int = 1,
     utilization: float = 0.9,
-    overhead_gib: float = DEFAULT_OVERHEAD_GIB,
+    overhead_gib: float | None = None,
     seq_len: int = 4096,
     from_fp8: bool = False,
     segment: int | None = None,
 ) -> list[Fit]:
-    """Each form's weights and the KV cache vLLM would have beside them on each of `tp` GPUs of `gpu_bytes`."""
+    """Each form's weights and the KV cache vLLM would have beside them on each of `tp` GPUs of `gpu_bytes`, with
+    `overhead_gib` per GPU kept for the rest (default_overhead_gib when None)."""
     if not 0 < utilization <= 1:
         raise SamoyedsError(f"gpu memory utilization must be in (0, 1], not {utilization}")
     if tp < 1:
@@ -165,6 +176,8 @@ def plan(
         raise SamoyedsError(f"unknown form {', '.join(unknown)}; choose from {', '.join(FORMS)}")
     if not (math.isfinite(gpu_bytes) and gpu_bytes > 0):
         raise SamoyedsError(f"GPU memory must be a positive number of bytes, not {gpu_bytes}")
+    if overhead_gib is None:
+        overhead_gib = default_overhead_gib(tp)
     if not (math.isfinite(overhead_gib) and overhead_gib >= 0):
         raise SamoyedsError(f"the overhead must be zero or more GiB, not {overhead_gib}")
     if seq_len < 1:

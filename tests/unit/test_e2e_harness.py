@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from samoyeds_vllm.bench.e2e import DEFAULT_VARIANTS, VARIANTS, Workload, markdown, variant_env
+from samoyeds_vllm.bench.e2e import DEFAULT_VARIANTS, VARIANTS, Workload, markdown, plot, variant_env
 from samoyeds_vllm.cli import build_parser, main
 from samoyeds_vllm.tools import vllm_server
 from samoyeds_vllm.tools.vllm_server import deep_gemm_cache, without_jit
@@ -118,6 +118,9 @@ def test_dense_spread_over_several_gpus_against_sparse_on_one():
     assert "--tensor-parallel-size" not in Workload().variant_engine_args(VARIANTS["dense"])
     dense = _result("dense, FP8 128x128 blocks", {64: 1000})
     dense["settings"]["gpus"] = 2
+    dense["offline_engines"]["128x128"]["estimated_max_seqs"] = {"tokens": 4096, "sequences": 30.08}
+    sparse = _result("samoyeds(V=128), FP8 values", {64: 900})
+    sparse["offline_engines"]["128x128"]["estimated_max_seqs"] = {"tokens": 4096, "sequences": 55.21}
     results = {
         "preset": "qwen3-235b-a22b",
         "date": "2026-11-26",
@@ -125,13 +128,22 @@ def test_dense_spread_over_several_gpus_against_sparse_on_one():
         "vllm": "0.26.0",
         "torch": "2.11.0",
         "engine_args": [],
-        "variants": {"dense-fp8": dense, "samoyeds-fp8": _result("samoyeds(V=128), FP8 values", {64: 900})},
+        "variants": {"dense-fp8": dense, "samoyeds-fp8": sparse},
     }
     text = markdown(results)
+    assert "| concurrent 4096-token sequences (vLLM's estimate) | 30.1 | 55.2 (1.84×) | dense-fp8 |" in text
     assert "**Not one GPU each**: dense-fp8 ran on 2 GPUs (tensor parallel), the others on one" in text
     assert "| 128/128 | 64 | 1,000 | 900 (0.90×) | dense-fp8 |" in text
     assert "| dense-fp8 | 2 | dense, FP8 128x128 blocks |" in text
     assert "| samoyeds-fp8 | 1 | samoyeds(V=128), FP8 values |" in text
+
+
+def test_an_offline_only_comparison_draws_no_empty_serving_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    results = {"preset": "p", "date": "d", "device": "g", "variants": {"dense": _result("dense, bf16", {1: 235})}}
+    (tmp_path / "latency-vs-load.png").write_bytes(b"from an earlier run")
+    plot(results, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.png", "offline-throughput.png"]
 
 
 def test_dense_tp_must_be_a_number_of_gpus(tmp_path, capsys):

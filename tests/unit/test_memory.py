@@ -70,6 +70,19 @@ def test_weights_and_kv_cache_agree_with_vllm_on_an_h100(form):
     assert fit.kv_tokens == pytest.approx(memory["kv_cache_tokens"], rel=0.03)
 
 
+@pytest.mark.parametrize("form, tp", [("samoyeds-fp8", 1), ("dense-fp8", 2)])
+def test_a_big_model_on_one_h200_and_dense_over_two_agree_with_vllm(form, tp):
+    """Qwen3-235B-A22B: samoyeds FP8 on one H200, dense FP8 over two (bench e2e --dense-tp 2)."""
+    record = json.loads((RESULTS / "e2e-qwen3-235b-h200x2" / f"variant-{form}.json").read_text())
+    (engine,), settings = record["offline_engines"].values(), record["settings"]
+    assert settings["gpus"] == tp and "--gpu-memory-utilization 0.9" in " ".join(settings["engine_args"])
+    assert int(re.search(r"(\d+) MiB", settings["device"])[1]) * 2**20 == GPU_BYTES["h200"]
+    config = load_preset("qwen3_moe", "qwen3-235b-a22b")
+    (fit,) = plan(config, [form], GPU_BYTES["h200"], tp)
+    assert fit.weights_gib == pytest.approx(engine["weights_gib"], rel=0.01)
+    assert fit.kv_tokens == pytest.approx(engine["kv_cache_tokens"], rel=0.03)
+
+
 def test_tensor_parallel_shares_and_mla():
     one, two = (weight_bytes(QWEN3, FORMS["samoyeds-fp8"], tp) for tp in (1, 2))
     assert one / 2 < two < one / 2 * 1.005  # norms and routers (replicated) are a sliver
