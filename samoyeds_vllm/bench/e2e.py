@@ -714,6 +714,12 @@ def _color(variant: str) -> str:
     return f"C{list(VARIANTS).index(variant) % 10}"
 
 
+def _label(variants: dict, name: str) -> str:
+    """A variant's name in a plot, with its GPUs where it ran on several."""
+    gpus = variants[name].get("settings", {}).get("gpus", 1)
+    return f"{name} ({gpus} GPUs)" if gpus > 1 else name
+
+
 def plot(results: dict, out: Path) -> None:
     """offline-throughput.png, throughput-vs-concurrency.png, latency-vs-load.png, memory.png (skipped without
     matplotlib)."""
@@ -740,7 +746,7 @@ def plot(results: dict, out: Path) -> None:
                         [r["batch_size"] for r in rows],
                         [r["output_tokens_per_s"] for r in rows],
                         marker="o",
-                        label=name,
+                        label=_label(v, name),
                         color=_color(name),
                     )
             ax.set_xscale("log", base=2)
@@ -764,7 +770,7 @@ def plot(results: dict, out: Path) -> None:
             levels = v[variant].get("serving", {}).get("levels", [])
             if levels:
                 x, y = [lv["concurrency"] for lv in levels], [lv[key] for lv in levels]
-                ax.plot(x, y, marker="o", label=variant, color=_color(variant))
+                ax.plot(x, y, marker="o", label=_label(v, variant), color=_color(variant))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(ylabel)
@@ -777,8 +783,9 @@ def plot(results: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(1.5 * len(names) + 3, 4))
     memory = [_memory(v[n]) for n in names]
     weights = [m.get("weights_gib", 0) for m in memory]
-    ax.bar(names, weights, label="weights")
-    ax.bar(names, [m.get("kv_cache_gib", 0) for m in memory], bottom=weights, label="KV cache")
+    labels = [_label(v, n) for n in names]
+    ax.bar(labels, weights, label="weights")
+    ax.bar(labels, [m.get("kv_cache_gib", 0) for m in memory], bottom=weights, label="KV cache")
     ax.set_ylabel("GiB")
     ax.set_title("memory per GPU" + "".join(f" ({n} did not fit)" for n in names if "failed" in v[n]), fontsize=9)
     ax.legend()
