@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from samoyeds_vllm.bench.e2e import DEFAULT_VARIANTS, VARIANTS, Workload, markdown, plot, variant_env
+from samoyeds_vllm.bench.e2e import DEFAULT_VARIANTS, VARIANTS, Workload, _label, markdown, plot, variant_env
 from samoyeds_vllm.cli import build_parser, main
 from samoyeds_vllm.tools import vllm_server
 from samoyeds_vllm.tools.vllm_server import deep_gemm_cache, without_jit
@@ -136,6 +136,10 @@ def test_dense_spread_over_several_gpus_against_sparse_on_one():
     assert "| 128/128 | 64 | 1,000 | 900 (0.90×) | dense-fp8 |" in text
     assert "| dense-fp8 | 2 | dense, FP8 128x128 blocks |" in text
     assert "| samoyeds-fp8 | 1 | samoyeds(V=128), FP8 values |" in text
+    assert [_label(results["variants"], n) for n in ("dense-fp8", "samoyeds-fp8")] == [
+        "dense-fp8 (2 GPUs)",
+        "samoyeds-fp8",
+    ]
 
 
 def test_an_offline_only_comparison_draws_no_empty_serving_plots(tmp_path):
