@@ -170,7 +170,8 @@ def _bench_routing(args: argparse.Namespace) -> None:
 def _bench_e2e(args: argparse.Namespace) -> None:
     import shlex
 
-    from .bench.e2e import PROBE_FACTORS, STAGES, VARIANTS, Workload, bench_e2e, report
+    from .bench.e2e import PROBE_FACTORS, STAGES, VARIANTS, Workload, bench_e2e, engine_tensor_parallel_size, report
+    from .tools.vllm_server import gpu_memory_used
 
     if args.report:
         report(Path(args.out))
@@ -211,6 +212,16 @@ def _bench_e2e(args: argparse.Namespace) -> None:
             )
     if args.dense_tp < 1:
         raise SamoyedsError(f"--dense-tp wants a number of GPUs, not {args.dense_tp}")
+    engine_args = tuple(shlex.split(args.engine_args))
+    if args.dense_tp > 1:
+        if engine_tensor_parallel_size(engine_args) is not None:
+            raise SamoyedsError(
+                "give the tensor parallelism once: --dense-tp for the dense variants alone, or "
+                "--tensor-parallel-size in --engine-args for every variant"
+            )
+        gpus = gpu_memory_used()  # one entry per visible GPU
+        if gpus is not None and args.dense_tp > len(gpus):
+            raise SamoyedsError(f"--dense-tp {args.dense_tp}: only {len(gpus)} GPU(s) visible")
     work = Workload(
         mixes=tuple(mixes),
         batch_sizes=batch_sizes,
@@ -218,7 +229,7 @@ def _bench_e2e(args: argparse.Namespace) -> None:
         prompts_per_client=args.prompts_per_client,
         seq_len=args.seq_len,
         probe_factors=tuple(float(f) for f in args.probe_factors.split(",")) if args.probe_factors else PROBE_FACTORS,
-        engine_args=tuple(shlex.split(args.engine_args)),
+        engine_args=engine_args,
         stages=tuple(s for s in STAGES if s in stages),
         engine_timeout=args.engine_timeout,
         dense_tensor_parallel_size=args.dense_tp,
@@ -244,7 +255,8 @@ def _fit(args: argparse.Namespace) -> None:
     per_gpu = " per GPU" if args.tensor_parallel_size > 1 else ""
     print(
         f"{args.model} on {args.tensor_parallel_size} x {gpu_bytes / GIB:.1f} GiB, --gpu-memory-utilization "
-        f"{args.gpu_memory_utilization}, {overhead:g} GiB{per_gpu} for activations and CUDA graphs (an estimate: "
+        f"{args.gpu_memory_utilization}, {overhead:g} GiB{per_gpu} for activations, CUDA graphs and communicators "
+        "(an estimate: "
         f"--overhead-gib); KV cache {kv_bytes_per_token(config, args.tensor_parallel_size) / 1024:.1f} KiB per "
         f"token{per_gpu}"
     )

@@ -346,6 +346,21 @@ def measure_max_seqs(
     save()
 
 
+def engine_tensor_parallel_size(engine_args) -> int | None:
+    """The tensor parallelism vLLM engine flags ask for (`--tensor-parallel-size N`, `-tp N`, or with `=`), None
+    when they do not."""
+    args = list(engine_args)
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in ("--tensor-parallel-size", "-tp"):
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                return int(value)
+            except ValueError:
+                raise SamoyedsError(f"engine flag {name} wants a number of GPUs, not {value!r}") from None
+    return None
+
+
 @dataclass(frozen=True)
 class Workload:
     """What each variant runs: `stages` (of STAGES); offline mixes of (input, output) tokens at `batch_sizes`
@@ -364,17 +379,22 @@ class Workload:
     engine_timeout: float = 3600.0
     dense_tensor_parallel_size: int = 1
 
+    def _dense_spread(self, variant: Variant) -> bool:
+        return variant.model.dense and self.dense_tensor_parallel_size > 1
+
     def gpus(self, variant: Variant) -> int:
-        """How many GPUs `variant` runs on: the dense ones over `dense_tensor_parallel_size` (a big model that
-        fits one GPU sparse, against dense spread over several), the sparse ones on one."""
-        return self.dense_tensor_parallel_size if variant.model.dense else 1
+        """How many GPUs `variant` runs on: the dense ones over `dense_tensor_parallel_size` where it is above 1 (a
+        big model that fits one GPU sparse, against dense spread over several), otherwise the tensor parallelism
+        `engine_args` give every variant."""
+        if self._dense_spread(variant):
+            return self.dense_tensor_parallel_size
+        return engine_tensor_parallel_size(self.engine_args) or 1
 
     def variant_engine_args(self, variant: Variant) -> list[str]:
-        """The engine flags of `variant`'s engines."""
-        tp = self.gpus(variant)
-        return ["--load-format", "dummy", *JIT_MONITOR_FLAGS, *self.engine_args] + (
-            ["--tensor-parallel-size", str(tp)] if tp > 1 else []
-        )
+        """Dummy weights, vLLM's JIT monitor and `engine_args`, and for a dense variant spread over several GPUs
+        the tensor parallelism that spreads it."""
+        spread = ["--tensor-parallel-size", str(self.dense_tensor_parallel_size)] if self._dense_spread(variant) else []
+        return ["--load-format", "dummy", *JIT_MONITOR_FLAGS, *self.engine_args, *spread]
 
     def steps(self) -> int:
         """Progress steps per variant: an offline engine per mix, a serving level per concurrency, the probe."""
@@ -502,7 +522,8 @@ def bench_e2e(
                 "variant": name,
                 "model": variant.model.describe(segment),
                 "env": dict(variant.env),
-                "gpus": work.gpus(variant),
+                # only where several: one-GPU results saved before this key existed still resume
+                **({"gpus": work.gpus(variant)} if work.gpus(variant) > 1 else {}),
             }
             saved = json.loads(path.read_text()) if path.exists() else {}
             result = saved if saved.get("settings") == settings and "failed" not in saved else {"settings": settings}
@@ -721,8 +742,8 @@ def _label(variants: dict, name: str) -> str:
 
 
 def plot(results: dict, out: Path) -> None:
-    """offline-throughput.png, throughput-vs-concurrency.png, latency-vs-load.png, memory.png (skipped without
-    matplotlib)."""
+    """offline-throughput.png, throughput-vs-concurrency.png and latency-vs-load.png where there is something to
+    draw (a plot of an earlier run without it is removed), memory.png (nothing without matplotlib)."""
     try:
         import matplotlib
 
@@ -736,7 +757,9 @@ def plot(results: dict, out: Path) -> None:
     gpu = results["device"].split(",")[0]  # the name; memory and driver would not fit a plot's width
     title = f"{results['preset']}, {gpu} ({results['date']})"
     mixes = sorted({(r["input_len"], r["output_len"]) for n in names for r in v[n].get("throughput", [])})
-    if mixes:
+    if not mixes:
+        (out / "offline-throughput.png").unlink(missing_ok=True)
+    else:
         fig, axes = plt.subplots(1, len(mixes), figsize=(5 * len(mixes), 4), squeeze=False)
         for ax, mix in zip(axes[0], mixes, strict=True):
             for name in names:
@@ -763,7 +786,7 @@ def plot(results: dict, out: Path) -> None:
         ("latency-vs-load", "median_tpot_ms", "median TPOT (ms)"),
     ):
         if not any(v[n].get("serving", {}).get("levels") for n in names):
-            (out / f"{name}.png").unlink(missing_ok=True)  # not served: no plot rather than empty axes
+            (out / f"{name}.png").unlink(missing_ok=True)
             continue
         fig, ax = plt.subplots(figsize=(6, 4))
         for variant in names:

@@ -33,14 +33,10 @@ from .model_maker import FORMS, FP8_WEIGHT, ModelForm, weight_specs
 GIB = 2**30
 #: Memory of one GPU as the driver reports it (nvidia-smi's total, which vLLM's --gpu-memory-utilization scales).
 GPU_BYTES = {"h100": 81559 * 2**20, "h200": 143771 * 2**20}
+#: What vLLM keeps per GPU beside weights and KV cache, on one GPU and under tensor parallelism (the module's text
+#: gives the measurements).
 DEFAULT_OVERHEAD_GIB = 4.0
 TENSOR_PARALLEL_OVERHEAD_GIB = 5.0
-
-
-def default_overhead_gib(tp: int) -> float:
-    """The estimate of what vLLM keeps per GPU beside weights and KV cache (see the module's text)."""
-    return TENSOR_PARALLEL_OVERHEAD_GIB if tp > 1 else DEFAULT_OVERHEAD_GIB
-
 
 #: Tensors every GPU holds whole under tensor parallelism (besides 1-D ones): routers, MLA's low-rank inputs.
 _REPLICATED = re.compile(r".*\.(gate|router|shared_expert_gate|q_a_proj|kv_a_proj_with_mqa)\.weight$")
@@ -153,6 +149,11 @@ class Fit:
     def fits(self) -> bool:
         """vLLM starts only with room in the KV cache for one sequence of its maximum length."""
         return self.kv_tokens >= max(self.seq_len, 1)
+
+
+def default_overhead_gib(tp: int) -> float:
+    """The overhead estimate for `tp` GPUs."""
+    return TENSOR_PARALLEL_OVERHEAD_GIB if tp > 1 else DEFAULT_OVERHEAD_GIB
 
 
 def plan(

@@ -209,7 +209,9 @@ def nvidia_smi(query: str, *formats: str, gpus: list[str] | None = None) -> str 
 
 def visible_gpus() -> list[str] | None:
     """The GPUs CUDA_VISIBLE_DEVICES names (indices or UUIDs), None when it is unset: what nvidia-smi, which sees
-    every GPU of the machine, should look at (engines here use only those, and another job may use the others)."""
+    every GPU of the machine, should look at (engines here use only those, and another job may use the others).
+    nvidia-smi numbers GPUs in PCI order, CUDA fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID: the same on a
+    host of one GPU model; on a mixed host name the GPUs by UUID."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return None if visible is None else [gpu.strip() for gpu in visible.split(",") if gpu.strip()]
 
@@ -239,8 +241,8 @@ def gpu_memory_used() -> list[float] | None:
 
 
 def gpu_processes() -> str:
-    """The processes holding GPU memory, as nvidia-smi lists them (for error messages)."""
-    answer = nvidia_smi("compute-apps=pid,process_name,used_memory")
+    """The processes holding memory of the visible GPUs, as nvidia-smi lists them (for error messages)."""
+    answer = nvidia_smi("compute-apps=pid,process_name,used_memory", gpus=visible_gpus())
     return "unknown (no nvidia-smi)" if answer is None else answer.strip() or "none listed"
 
 

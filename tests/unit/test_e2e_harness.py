@@ -4,8 +4,18 @@ import json
 
 import pytest
 
-from samoyeds_vllm.bench.e2e import DEFAULT_VARIANTS, VARIANTS, Workload, _label, markdown, plot, variant_env
+from samoyeds_vllm.bench.e2e import (
+    DEFAULT_VARIANTS,
+    VARIANTS,
+    Workload,
+    _label,
+    engine_tensor_parallel_size,
+    markdown,
+    plot,
+    variant_env,
+)
 from samoyeds_vllm.cli import build_parser, main
+from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.tools import vllm_server
 from samoyeds_vllm.tools.vllm_server import deep_gemm_cache, without_jit
 
@@ -148,11 +158,35 @@ def test_an_offline_only_comparison_draws_no_empty_serving_plots(tmp_path):
     (tmp_path / "latency-vs-load.png").write_bytes(b"from an earlier run")
     plot(results, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.png", "offline-throughput.png"]
+    plot({**results, "variants": {"dense": _result("dense, bf16", {})}}, tmp_path)  # nothing offline either
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.png"]
 
 
-def test_dense_tp_must_be_a_number_of_gpus(tmp_path, capsys):
-    assert main(["bench", "e2e", "--out", str(tmp_path), "--variants", "samoyeds", "--dense-tp", "0"]) == 2
+@pytest.mark.parametrize(
+    "flags, tp",
+    [((), None), (("--max-model-len", "4096"), None), (("-tp", "2"), 2), (("--tensor-parallel-size=4",), 4)],
+)
+def test_the_tensor_parallelism_engine_flags_give_every_variant(flags, tp):
+    assert engine_tensor_parallel_size(flags) == tp
+    work = Workload(engine_args=flags)
+    assert work.gpus(VARIANTS["samoyeds"]) == work.gpus(VARIANTS["dense"]) == (tp or 1)
+    args = work.variant_engine_args(VARIANTS["dense"])
+    assert args[len(args) - len(flags) :] == list(flags)  # as given, nothing added after them
+
+
+def test_dense_tp_must_be_a_number_of_visible_gpus_given_once(tmp_path, capsys, monkeypatch):
+    def e2e(*flags):
+        return main(["bench", "e2e", "--out", str(tmp_path), "--variants", "samoyeds", *flags])
+
+    assert e2e("--dense-tp", "0") == 2
     assert "--dense-tp wants a number of GPUs, not 0" in capsys.readouterr().err
+    assert e2e("--dense-tp", "2", "--engine-args", "-tp 2") == 2
+    assert "give the tensor parallelism once" in capsys.readouterr().err
+    monkeypatch.setattr(vllm_server, "gpu_memory_used", lambda: [0.0])
+    assert e2e("--dense-tp", "2") == 2
+    assert "--dense-tp 2: only 1 GPU(s) visible" in capsys.readouterr().err
+    with pytest.raises(SamoyedsError, match="wants a number of GPUs, not 'two'"):
+        engine_tensor_parallel_size(["-tp", "two"])
 
 
 @pytest.mark.parametrize(

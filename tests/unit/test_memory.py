@@ -75,7 +75,7 @@ def test_a_big_model_on_one_h200_and_dense_over_two_agree_with_vllm(form, tp):
     """Qwen3-235B-A22B: samoyeds FP8 on one H200, dense FP8 over two (bench e2e --dense-tp 2)."""
     record = json.loads((RESULTS / "e2e-qwen3-235b-h200x2" / f"variant-{form}.json").read_text())
     (engine,), settings = record["offline_engines"].values(), record["settings"]
-    assert settings["gpus"] == tp and "--gpu-memory-utilization 0.9" in " ".join(settings["engine_args"])
+    assert settings.get("gpus", 1) == tp and "--gpu-memory-utilization 0.9" in " ".join(settings["engine_args"])
     assert int(re.search(r"(\d+) MiB", settings["device"])[1]) * 2**20 == GPU_BYTES["h200"]
     config = load_preset("qwen3_moe", "qwen3-235b-a22b")
     (fit,) = plan(config, [form], GPU_BYTES["h200"], tp)
