@@ -256,9 +256,8 @@ def _fit(args: argparse.Namespace) -> None:
     print(
         f"{args.model} on {args.tensor_parallel_size} x {gpu_bytes / GIB:.1f} GiB, --gpu-memory-utilization "
         f"{args.gpu_memory_utilization}, {overhead:g} GiB{per_gpu} for activations, CUDA graphs and communicators "
-        "(an estimate: "
-        f"--overhead-gib); KV cache {kv_bytes_per_token(config, args.tensor_parallel_size) / 1024:.1f} KiB per "
-        f"token{per_gpu}"
+        f"(an estimate: --overhead-gib); KV cache "
+        f"{kv_bytes_per_token(config, args.tensor_parallel_size) / 1024:.1f} KiB per token{per_gpu}"
     )
     print(
         "Packed forms: a checkpoint converted beforehand"

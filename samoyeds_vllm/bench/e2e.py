@@ -517,13 +517,14 @@ def bench_e2e(
             start = progress.n
             progress.set_postfix_str(name)
             path = out / f"variant-{name}.json"
+            gpus = work.gpus(variant)
             settings = {
                 **common,
                 "variant": name,
                 "model": variant.model.describe(segment),
                 "env": dict(variant.env),
                 # only where several: one-GPU results saved before this key existed still resume
-                **({"gpus": work.gpus(variant)} if work.gpus(variant) > 1 else {}),
+                **({"gpus": gpus} if gpus > 1 else {}),
             }
             saved = json.loads(path.read_text()) if path.exists() else {}
             result = saved if saved.get("settings") == settings and "failed" not in saved else {"settings": settings}
@@ -653,7 +654,8 @@ def markdown(results: dict) -> str:
         "dense variant at that point (for TTFT and TPOT dense / ours: above 1 is faster).",
         "",
     ]
-    if spread := {n: v[n]["settings"]["gpus"] for n in names if v[n]["settings"].get("gpus", 1) > 1}:
+    spread = {n: _gpus(v[n]) for n in names if _gpus(v[n]) > 1}
+    if spread and len(spread) < len(names):  # dense over several GPUs (--dense-tp), sparse on one
         lines += [
             f"**Not one GPU each**: {', '.join(f'{n} ran on {g} GPUs (tensor parallel)' for n, g in spread.items())}, "
             "the others on one; the ratios compare them as they ran.",
@@ -725,8 +727,8 @@ def markdown(results: dict) -> str:
         shown = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization", "cudagraph_mode")
         engine_text = ", ".join(f"{k} {engine[k]}" for k in shown if k in engine) or "-"
         env = " ".join(f"{k}={x}" for k, x in v[name].get("env", {}).items()) or "-"
-        settings = v[name]["settings"]
-        lines.append(f"| {name} | {settings.get('gpus', 1)} | {settings.get('model', '-')} | {env} | {engine_text} |")
+        model = v[name]["settings"].get("model", "-")
+        lines.append(f"| {name} | {_gpus(v[name])} | {model} | {env} | {engine_text} |")
     return "\n".join(lines) + "\n"
 
 
@@ -735,9 +737,14 @@ def _color(variant: str) -> str:
     return f"C{list(VARIANTS).index(variant) % 10}"
 
 
+def _gpus(result: dict) -> int:
+    """How many GPUs a variant's result ran on (recorded only where several)."""
+    return result.get("settings", {}).get("gpus", 1)
+
+
 def _label(variants: dict, name: str) -> str:
     """A variant's name in a plot, with its GPUs where it ran on several."""
-    gpus = variants[name].get("settings", {}).get("gpus", 1)
+    gpus = _gpus(variants[name])
     return f"{name} ({gpus} GPUs)" if gpus > 1 else name
 
 
