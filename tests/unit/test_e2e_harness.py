@@ -150,6 +150,9 @@ def test_dense_spread_over_several_gpus_against_sparse_on_one():
         "dense-fp8 (2 GPUs)",
         "samoyeds-fp8",
     ]
+    sparse["settings"]["gpus"] = 2  # every variant over two GPUs (-tp 2 in --engine-args): nothing to point out
+    text = markdown(results)
+    assert "Not one GPU each" not in text and "| samoyeds-fp8 | 2 | samoyeds(V=128), FP8 values |" in text
 
 
 def test_an_offline_only_comparison_draws_no_empty_serving_plots(tmp_path):
