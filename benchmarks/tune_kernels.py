@@ -2,13 +2,14 @@
 and optionally writes the best of each token count as a tuned table that the kernels then read.
 
     python benchmarks/tune_kernels.py [--shapes qwen3-30b-a3b,...] [--patterns samoyeds,2:4] [--tokens 1,2,4,8,16]
-        [--search splits|blocks|activations|all] [--values bf16|fp8] [--json FILE] [--write-tables DIR]
+        [--search splits|blocks|tiles|activations|all] [--values bf16|fp8] [--json FILE] [--write-tables DIR]
 
 One problem per (shape, pattern, T). Every config is checked against the fp32 reference (with the activations
 quantized where the config multiplies FP8 copies of them), then timed in two rounds (all configs, then all again),
 each in the second of two CUDA graphs (bench/timing.py), so neither the order nor the first-capture effect favours
 one. "splits" tries split-K factors (1, 2, 4) for gate/up x (1, 3) for down (never more than the k tiles allow);
-"blocks" tries every compiled block shape of each GEMM at the heuristics' token tile; "activations" (FP8 values)
+"blocks" tries every compiled block shape of each GEMM at the heuristics' token tile; "tiles" tries every compiled
+token tile (each with its preferred block shapes and the split-K rule); "activations" (FP8 values)
 tries each GEMM with and without FP8 copies of its activations (FP8 x FP8 MMAs) where its block can. The JSON also
 records each config's error against the same layer with bf16 values (same seed: FP8 values' whole error).
 --write-tables writes, per (shape, pattern), the best config of each token count in the format and file name of
@@ -26,7 +27,7 @@ from samoyeds_vllm import kernels
 from samoyeds_vllm.bench.timing import time_cuda_graph
 from samoyeds_vllm.format import FP8, Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape
-from samoyeds_vllm.kernels.plan import block_shapes, device_of, fp8_activations_allowed, table_name
+from samoyeds_vllm.kernels.plan import block_shapes, device_of, fp8_activations_allowed, table_name, token_tiles
 from samoyeds_vllm.tools.moe_problem import error_against_plan, make_problem, reference, relative_error, run_sparse
 from samoyeds_vllm.tools.presets import preset_shape
 
@@ -49,6 +50,9 @@ def candidates(
                     KernelConfig(plan.token_tile, gate_up=gemm) if gate_up else KernelConfig(plan.token_tile, down=gemm)
                 )
                 out.append((f"{'gate/up' if gate_up else 'down'} {b.kind} {b.warps}x{b.slabs}", config))
+    if search in ("tiles", "all"):
+        for bn in token_tiles(samoyeds, hopper):
+            out.append((f"token tile {bn}", KernelConfig(bn)))
     if search in ("activations", "all") and fp8:
         allowed = [fp8_activations_allowed(gemm.block, pattern, fp8) for gemm in (plan.gate_up, plan.down)]
         for acts in itertools.product((False, True), repeat=2):
@@ -64,7 +68,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="qwen3-30b-a3b,mixtral-8x7b,qwen1.5-moe-a2.7b,deepseek-v2-lite,olmoe-1b-7b")
     parser.add_argument("--patterns", default="samoyeds,2:4")
     parser.add_argument("--tokens", default="1,2,4,8,16")
-    parser.add_argument("--search", default="splits", choices=["splits", "blocks", "activations", "all"])
+    parser.add_argument("--search", default="splits", choices=["splits", "blocks", "tiles", "activations", "all"])
     parser.add_argument("--values", default="bf16", choices=["bf16", "fp8"], help="the packed values' type")
     parser.add_argument("--json", help="write every timing here")
     parser.add_argument("--write-tables", metavar="DIR", help="write the best config per token count as tables")

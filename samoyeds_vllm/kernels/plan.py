@@ -40,6 +40,7 @@ LONG_K_TILES = 64  # GEMMs this long (k tiles) want two blocks per SM before the
 NARROW_TILES = (8, 16, 32)  # token tiles of decode batches (mma.sp)
 WIDE_BN = 64  # token tiles this wide take the larger block shapes (wgmma on Hopper)
 WS_WIDE_BN = 128  # 2:4 token tiles on Hopper (ws kernel) for batches past WIDE_BN slots per expert
+HOPPER_WIDE_FROM = 16  # average slots per expert from which Hopper takes WIDE_BN tiles (token_tile_heuristic)
 ROUTE_CHUNKED_FROM = 4 * ROUTE_CHUNK  # batches with at least this many slots count and scatter over many blocks
 MIN_ROW_BLOCK = SLAB_ROWS * 4  # the smallest block (4 warps, one slab): weight rows come in whole blocks of it
 CONFIG_DIR_ENV = "SAMOYEDS_KERNEL_CONFIG_DIR"
@@ -201,13 +202,29 @@ def tuned_config(
 # ------------------------------------------------------------------------------------------------ heuristics
 
 
-def token_tile_heuristic(slots: int, num_experts: int, samoyeds: bool, widest: int = WIDE_BN) -> int:
-    """Tokens per tile, from the average slots per expert (a shape, so no host sync); small for decode. 2:4 leaves
+def token_tile_heuristic(
+    slots: int, num_experts: int, samoyeds: bool, widest: int = WIDE_BN, hopper: bool = False
+) -> int:
+    """Tokens per tile, from the average slots per expert (a shape, so no host sync); small for decode.
+    widest: WS_WIDE_BN where the Hopper kernel takes 128-token tiles (2:4: half the weight re-reads from L2).
+
+    Hopper: the warp-specialised kernel's 64-token tiles win from 16 slots per expert on average, and the 32-token
+    mma.sp tiles never won (H200, FP8 values, µs of the layer, `tune_kernels.py --search tiles`: Qwen3 samoyeds
+    T = 256 / 512 100 / 116 with 64-token tiles against 114 / 184 with 16 / 32; Mixtral samoyeds T = 64 / 128
+    198 / 232 against 216 / 342; DeepSeek-V3 samoyeds T = 512 1041 against 1624; Qwen3 2:4 T = 256 150 against 181;
+    bf16 values: a tie at 16 slots, Qwen3 samoyeds T = 512 147 against 183). Below that, 8- or 16-token tiles with
     room for twice the average: routing is uneven, and an expert whose tokens spill into a second tile reads its
-    weights twice (H100, Mixtral 2:4 at T = 64, 16 slots per expert: 16-token tiles 765 µs, 32-token tiles 600).
-    samoyeds weights are half the bytes, and there the wider tiles measured slower (same case: 330 vs 352 µs).
-    widest: WS_WIDE_BN where the Hopper kernel takes 128-token tiles (2:4: half the weight re-reads from L2)."""
-    per_expert = (1 if samoyeds else 2) * slots / max(num_experts, 1)
+    weights twice (Mixtral samoyeds T = 32, 8 slots per expert: 161 with 16-token tiles against 203 with 8).
+
+    Other GPUs (not re-measured since): 2:4 leaves room for twice the average (H100, Mixtral 2:4 at T = 64, 16
+    slots per expert: 16-token tiles 765 µs, 32-token tiles 600), samoyeds the average (its weights are half the
+    bytes, and there the wider tiles measured slower: 330 vs 352 µs)."""
+    per_expert = slots / max(num_experts, 1)
+    if hopper:
+        if per_expert >= HOPPER_WIDE_FROM:
+            return WIDE_BN if samoyeds or 2 * per_expert <= WIDE_BN else widest
+        return NARROW_TILES[0] if 2 * per_expert <= NARROW_TILES[0] else NARROW_TILES[1]
+    per_expert *= 1 if samoyeds else 2
     for bn in (*NARROW_TILES, WIDE_BN):
         if per_expert <= bn or bn == widest:
             return bn
@@ -355,7 +372,8 @@ def _plan(
             and bool(fitting_block_shapes(WS_WIDE_BN, True, samoyeds, hopper, rows13 // 2))
             and bool(fitting_block_shapes(WS_WIDE_BN, False, samoyeds, hopper, rows2))
         )
-        token_tile = token_tile_heuristic(slots, shape.num_experts, samoyeds, WS_WIDE_BN if ws_wide else WIDE_BN)
+        widest = WS_WIDE_BN if ws_wide else WIDE_BN
+        token_tile = token_tile_heuristic(slots, shape.num_experts, samoyeds, widest, hopper)
     tiles = num_tiles(slots, shape.num_experts, token_tile)
 
     def gemm(gate_up: bool, gemm_config: GemmConfig) -> GemmPlan:

@@ -52,6 +52,36 @@ def test_splits_keep_four_k_tiles_and_stop_at_full_gpus(slots, k_tiles):
     assert splits_heuristic(wanted, slots, 128, 8, k_tiles, SMS) == 1  # at least one expert: >= wanted blocks
 
 
+MIXTRAL = dict(top_k=2, num_experts=8, hidden=4096, inter=14336)
+DEEPSEEK_V3 = dict(top_k=8, num_experts=256, hidden=7168, inter=2048)
+
+
+@pytest.mark.parametrize(
+    "shape, pattern, tokens, expected",
+    [  # the winners of the H200 tile search (token_tile_heuristic), where the rule picks them
+        (QWEN3, SAMOYEDS, 1, 8),
+        (QWEN3, SAMOYEDS, 128, 16),  # 8 slots per expert
+        (QWEN3, SAMOYEDS, 192, 16),
+        (QWEN3, SAMOYEDS, 256, 64),  # 16 slots per expert: the ws kernel from here
+        (QWEN3, SAMOYEDS, 512, 64),
+        (MIXTRAL, SAMOYEDS, 32, 16),
+        (MIXTRAL, SAMOYEDS, 64, 64),
+        (DEEPSEEK_V3, SAMOYEDS, 512, 64),
+        (QWEN3, TWO_FOUR, 192, 16),  # no 32-token tiles on Hopper
+        (QWEN3, TWO_FOUR, 256, 64),
+        (QWEN3, TWO_FOUR, 1024, 128),  # 64 slots per expert, twice that past 64: the 128-token ws tiles
+        (MIXTRAL, TWO_FOUR, 48, 16),
+    ],
+)
+def test_hopper_token_tiles(shape, pattern, tokens, expected):
+    assert plan_moe(LayerShape(tokens, **shape), pattern, torch.bfloat16, H100, fp8=True).token_tile == expected
+
+
+def test_token_tiles_before_hopper_keep_the_32_token_tiles():
+    assert plan_moe(LayerShape(512, **QWEN3), SAMOYEDS, torch.bfloat16, A100).token_tile == 32
+    assert plan_moe(LayerShape(256, **QWEN3), TWO_FOUR, torch.bfloat16, A100).token_tile == 32
+
+
 def test_plans_of_the_qwen3_layer_on_an_h100():
     """The heuristics' plan end to end: decode takes split mma.sp blocks, prefill the warp-specialised kernel, 2:4
     with 128-token tiles; grids, threads and shared memory follow from the block shapes."""
@@ -227,3 +257,18 @@ def test_prepared_values_and_metadata_are_tiled_stage_major(fp8):
         stored.meta.reshape(-1)[((r // 64) * 4 + stage) * 64 * 8 + (r % 64) * 8 + i]
         == packed.meta[expert, row, stage * 8 + i]
     )
+
+
+def test_the_shipped_deepseek_v3_table_takes_64_token_tiles_where_measured(monkeypatch):
+    """configs/kernels/ holds the H200 table of DeepSeek-V3's FP8 samoyeds layer: 64-token tiles from T = 192 to
+    512 (the H200 search's winners), the heuristics below, and past its largest entry."""
+    monkeypatch.delenv(kernel_plan.CONFIG_DIR_ENV, raising=False)
+    kernel_plan._read_table.cache_clear()
+    h200 = Device("NVIDIA H200", (9, 0), 132, "sm_90a")
+
+    def tile(tokens: int, fp8: bool = True, device: Device = h200) -> int:
+        return plan_moe(LayerShape(tokens, **DEEPSEEK_V3), SAMOYEDS, torch.bfloat16, device, fp8).token_tile
+
+    assert [tile(t) for t in (1, 64, 128, 192, 256, 384, 512, 1024)] == [8, 8, 8, 64, 64, 64, 64, 64]
+    assert tile(256, fp8=False) == tile(256, device=H100) == 16  # bf16 values, another GPU: the heuristics
+    kernel_plan._read_table.cache_clear()

@@ -67,3 +67,16 @@ def test_the_check_uses_the_reference_of_the_plan_and_caches_it():
     cached = refs[False, False]
     error_against_plan(problem, run_sparse(problem), refs)
     assert refs[False, False] is cached
+
+
+def test_the_tiles_search_tries_every_compiled_token_tile_and_each_plans():
+    for pattern, tiles in [(Pattern.parse("samoyeds"), [8, 16, 32, 64]), (Pattern.parse("2:4"), [8, 16, 32, 64, 128])]:
+        plan = plan_moe(LayerShape(1024, **QWEN3), pattern, torch.bfloat16, H100, True)
+        configs = dict(tune_kernels.candidates(plan, K_TILES, pattern, True, "tiles", True))
+        assert configs.pop("default") == KernelConfig()
+        assert [c.token_tile for c in configs.values()] == tiles
+        for config in configs.values():
+            with override_config(config):
+                assert plan_moe(LayerShape(1024, **QWEN3), pattern, torch.bfloat16, H100, True).token_tile == (
+                    config.token_tile
+                )
