@@ -89,22 +89,14 @@ def kernel(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, name: str
     return function
 
 
-class _StreamHandle:
-    """A raw cudaStream_t through the CUDA stream protocol, which CuPy's Stream.from_external takes."""
-
-    def __init__(self, handle: int):
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return 0, self.handle
-
-
-@functools.lru_cache(maxsize=64)
-def cupy_stream(handle: int, device: int):
-    """CuPy's view of a torch stream, made once per stream (ExternalStream before CuPy 14, deprecated since)."""
+def launch(kernel, grid: tuple[int, ...], threads: int, shared_bytes: int, stream: int, args: int) -> None:
+    """One launch through CuPy's binding of cuLaunchKernel on the raw stream handle. CuPy's own kernel call works
+    out a C type for a NumPy struct argument on every launch (NumPy's dtype.descr over MoEParams' fields): that was
+    about half of the layer's host time, which bounds vLLM's steps that run without CUDA graphs (H200,
+    2026-11-26, benchmarks/host_overhead.py). kernel: a RawKernel of `kernel()` (its CUfunction on the current
+    device: run inside cupy.cuda.Device of the tensors' GPU); args: the address of the array of argument addresses that
+    cuLaunchKernel takes; it copies the arguments at the launch, so a captured CUDA graph keeps their values."""
     import cupy
 
-    if not hasattr(cupy.cuda.Stream, "from_external"):
-        return cupy.cuda.ExternalStream(handle, device)
-    with cupy.cuda.Device(device):
-        return cupy.cuda.Stream.from_external(_StreamHandle(handle))
+    gx, gy, gz = (*grid, 1, 1)[:3]
+    cupy.cuda.driver.launchKernel(kernel.kernel.ptr, gx, gy, gz, threads, 1, 1, shared_bytes, stream, args, 0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 from ..errors import SamoyedsError
@@ -108,13 +109,15 @@ def moe_experts(
 
     import cupy
 
-    def launch(name: str, grid: tuple, threads: int, shared_bytes: int = 0) -> None:
-        build.kernel(x.dtype, pattern, device.arch, fp8, name, shared_bytes)(
-            grid, (threads,), (params,), shared_mem=shared_bytes
-        )
+    # cuLaunchKernel's kernelParams: the address of each argument (one: the struct, passed by value)
+    arg_addresses = np.array([params.ctypes.data], dtype=np.uintp)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
 
-    stream = build.cupy_stream(torch.cuda.current_stream(x.device).cuda_stream, x.device.index)
-    with cupy.cuda.Device(x.device.index), stream:
+    def launch(name: str, grid: tuple, threads: int, shared_bytes: int = 0) -> None:
+        function = build.kernel(x.dtype, pattern, device.arch, fp8, name, shared_bytes)
+        build.launch(function, grid, threads, shared_bytes, stream, arg_addresses.ctypes.data)
+
+    with cupy.cuda.Device(x.device.index):  # the kernels' module belongs to this device's context
         if plan.chunks:
             launch(template_name("count_slots"), (plan.chunks,), ROUTE_THREADS)
         launch(template_name("build_routing_index"), (1,), plan.routing_threads)
