@@ -125,3 +125,29 @@ def test_every_kernel_takes_the_one_parameter_struct():
             kernels += 1
             assert params_list == "const __grid_constant__ MoEParams p", (path.name, name, params_list)
     assert kernels == 8  # 3 routing, 2 GEMM, 2 reductions, the FP8 quantization of activations
+
+
+def test_a_launch_passes_cuLaunchKernel_the_struct_address_and_a_3d_grid(monkeypatch):
+    """build.launch hands CuPy's cuLaunchKernel binding the kernel's CUfunction, the grid padded to three
+    dimensions, the block, the shared memory, the raw stream and the kernelParams array (here a fake CuPy records
+    the call: no GPU on CI)."""
+    import sys
+    import types
+
+    import numpy as np
+
+    from samoyeds_vllm.kernels import build
+
+    calls = []
+    driver = types.SimpleNamespace(launchKernel=lambda *args: calls.append(args))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(driver=driver)))
+    kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0xF00))
+    struct = np.zeros((), dtype=params.struct_dtype(params.MoEParams))
+    addresses = np.array([struct.ctypes.data], dtype=np.uintp)
+    build.launch(kernel, (7,), 128, 0, 0x5, addresses.ctypes.data)
+    build.launch(kernel, (3, 2, 4), 384, 99 * 1024, 0x5, addresses.ctypes.data)
+    assert calls == [
+        (0xF00, 7, 1, 1, 128, 1, 1, 0, 0x5, addresses.ctypes.data, 0),
+        (0xF00, 3, 2, 4, 384, 1, 1, 99 * 1024, 0x5, addresses.ctypes.data, 0),
+    ]
+    assert int(np.frombuffer(addresses.tobytes(), np.uintp)[0]) == struct.ctypes.data  # kernelParams[0] -> struct
