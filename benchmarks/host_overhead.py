@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from samoyeds_vllm.bench.layer import run_header
 from samoyeds_vllm.bench.peers import PEERS, PeerInputs
 from samoyeds_vllm.bench.timing import time_cuda_graph
 from samoyeds_vllm.format import FP8, Pattern
@@ -68,8 +69,7 @@ def main() -> None:
             print(f"{tokens:>6}  {name:<26} {row['host_us']:>8} {row['eager_us']:>9} {row['graph_us']:>9}")
             rows.append({"tokens": tokens, "path": name, **row})
     if args.json:
-        device = torch.cuda.get_device_name()
-        record = {"shape": args.shape, "device": device, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+        record = {**run_header(args.shape, shape, pattern, torch.bfloat16), "peer": args.peer, "rows": rows}
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
 
 
