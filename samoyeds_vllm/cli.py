@@ -212,6 +212,8 @@ def _bench_e2e(args: argparse.Namespace) -> None:
             )
     if args.dense_tp < 1:
         raise SamoyedsError(f"--dense-tp wants a number of GPUs, not {args.dense_tp}")
+    if args.api_servers is not None and args.api_servers < 1:
+        raise SamoyedsError(f"--api-servers wants a number of processes, not {args.api_servers}")
     engine_args = tuple(shlex.split(args.engine_args))
     if args.dense_tp > 1:
         if engine_tensor_parallel_size(engine_args) is not None:
@@ -233,6 +235,7 @@ def _bench_e2e(args: argparse.Namespace) -> None:
         stages=tuple(s for s in STAGES if s in stages),
         engine_timeout=args.engine_timeout,
         dense_tensor_parallel_size=args.dense_tp,
+        **({"api_servers": args.api_servers} if args.api_servers is not None else {}),
     )
     bench_e2e(args.model, Path(args.out), work, variants, args.segment)
 
@@ -466,6 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--concurrency", default="1,4,16,64,256", help="serving client concurrencies")
     p.add_argument("--prompts-per-client", type=int, default=4, help="serving requests per concurrent client")
+    p.add_argument(
+        "--api-servers",
+        type=int,
+        help="API server processes while serving (vLLM's --api-server-count; default 4: one saturates its CPU "
+        "core at 256 clients, so the front end would be what is measured)",
+    )
     p.add_argument("--seq-len", type=int, default=4096, help="sequence length for the max-concurrency probe")
     p.add_argument(
         "--probe-factors",

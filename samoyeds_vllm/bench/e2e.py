@@ -17,11 +17,11 @@ is back, so each sizes its KV cache on the same free memory):
   monitor logs each) is run again, at most three times, and the record says so. `vllm bench throughput` could warm
   up too (`--num-warmups`, same engine), but it starts an engine per call and a call runs one batch size: five
   engine starts per mix where this needs one, and engine starts are most of the time of a run;
-- serving: `vllm serve` under `vllm bench serve` (random tokens, `--ignore-eos`) at each client concurrency C:
-  first an untimed round of C requests at concurrency C (the same prefill and decode batch shapes), then the timed
-  run of C x prompts-per-client requests (again if it compiled a kernel, as offline); output tokens/s, TTFT and
-  TPOT (mean, median, p99). Every call draws other random prompts (its own seed), so no timed request finds its
-  prompt in the prefix cache;
+- serving: `vllm serve` (API_SERVERS API server processes, prefix caching off: _SERVER_FLAGS) under `vllm bench
+  serve` (random tokens, `--ignore-eos`) at each client concurrency C: first an untimed round of C x
+  prompts-per-client requests at concurrency C (the same prefill and decode batch shapes), then the timed run of
+  as many (again if it compiled a kernel, as offline); output tokens/s, TTFT and TPOT (mean, median, p99). Every
+  call draws other random prompts (its own seed);
 - capacity: model weight memory and KV-cache size from the engine log, and the largest number of concurrent
   sequences of a given length served without preemption, measured by probing concurrencies around vLLM's own
   estimate while polling the server's /metrics.
@@ -64,11 +64,21 @@ from ..tools.vllm_server import (
     without_jit,
 )
 
-HARNESS = 2  # results measured by an earlier harness (no untimed runs) are not resumed into this one's
+# Results of an earlier harness are not resumed into this one's: 1 had no untimed runs; 2 served through one API
+# server process with prefix caching on and warmed each level up with C requests only.
+HARNESS = 3
 _RERUN_SEEDS = 1000  # serving seeds: 2C timed, 2C + 1 untimed, 2C + 1000 k the k-th rerun, 1e6 + C probes
 PROBE_FACTORS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25)
 BATCH_SIZES = (1, 16, 64, 256, 1024)
 STAGES = ("offline", "serving", "capacity")
+#: API server processes in front of the engine while serving. One process saturates its CPU core at 256 streaming
+#: clients: on an H200 it held samoyeds FP8 Qwen3-30B-A3B at 11-15k output tokens/s where four gave 16-18.6k, so
+#: with one the comparison measures the front end; vLLM's `--api-server-count` spreads the clients over several.
+API_SERVERS = 4
+#: The serving flags besides the engine's: the API servers, and no prefix caching. `vllm bench serve`'s random
+#: prompts are runs of consecutive token ids, and with the made-up models' 1000-token vocabulary many of them repeat
+#: (42-82% prefix-cache hits were seen), which would skip prefills no real traffic skips.
+_SERVER_FLAGS = ("--no-enable-prefix-caching",)
 
 
 @dataclass(frozen=True)
@@ -378,6 +388,11 @@ class Workload:
     stages: tuple[str, ...] = STAGES
     engine_timeout: float = 3600.0
     dense_tensor_parallel_size: int = 1
+    api_servers: int = API_SERVERS
+
+    def server_args(self, variant: Variant) -> list[str]:
+        """The engine's flags and the serving ones (_SERVER_FLAGS, the API server processes)."""
+        return [*self.variant_engine_args(variant), *_SERVER_FLAGS, "--api-server-count", str(self.api_servers)]
 
     def _dense_spread(self, variant: Variant) -> bool:
         return variant.model.dense and self.dense_tensor_parallel_size > 1
@@ -449,8 +464,9 @@ def run_variant(
     if not todo and not probe:
         return
     log = out / f"server-{model.name}.log"
+    result["server_args"] = work.server_args(variant)
     wait_for_gpu_memory(baseline)
-    server = VllmServer(model, engine_args, log_path=log, env=dict(variant.env))
+    server = VllmServer(model, result["server_args"], log_path=log, env=dict(variant.env))
     jit_caches = [deep_gemm_cache(env)]
     try:
         server.__enter__()  # not `with`: a server that does not start is told apart from one that fails later
@@ -464,9 +480,12 @@ def run_variant(
         memory.update(parse_engine_log(log.read_text(errors="replace")))
         for c in todo:
             mix = (serving["input_len"], serving["output_len"])
-            # Untimed: one request per client, so this concurrency's batch shapes are compiled and captured.
-            _bench_serve(server, model, mix, c, c, out, f"{model.name}-c{c}-warmup", seed=2 * c + 1)
-            timed = partial(_bench_serve, server, model, mix, c, work.prompts_per_client * c, out, f"{model.name}-c{c}")
+            requests = work.prompts_per_client * c
+            # Untimed, as many requests as the timed run: after the first round each client's next request arrives
+            # while the others decode, so most steps mix prefills into decodes, and those batch shapes must be
+            # compiled and captured before the timed run too.
+            _bench_serve(server, model, mix, c, requests, out, f"{model.name}-c{c}-warmup", seed=2 * c + 1)
+            timed = partial(_bench_serve, server, model, mix, c, requests, out, f"{model.name}-c{c}")
             # a rerun (it compiled a kernel) with seeds of its own: the prompts of the run before are cached
             level, jit = without_jit(
                 lambda run, timed=timed, c=c: timed(seed=2 * c + _RERUN_SEEDS * run), log, caches=jit_caches
@@ -484,7 +503,7 @@ def run_variant(
 
 
 # What every variant of one comparison must share (the variant's own model and environment may differ).
-COMMON_SETTINGS = ("harness", "preset", "segment", "engine_args", "device", "vllm", "torch")
+COMMON_SETTINGS = ("harness", "preset", "segment", "engine_args", "api_servers", "device", "vllm", "torch")
 
 
 def bench_e2e(
@@ -506,6 +525,7 @@ def bench_e2e(
         "preset": preset,
         "segment": segment,
         "engine_args": list(work.engine_args),
+        "api_servers": work.api_servers,
         **{k: measured_on[k] for k in ("device", "vllm", "torch")},
     }
     baseline = gpu_memory_used()
@@ -654,6 +674,12 @@ def markdown(results: dict) -> str:
         "dense variant at that point (for TTFT and TPOT dense / ours: above 1 is faster).",
         "",
     ]
+    if (servers := results.get("api_servers")) and any("serving" in v[n] for n in names):  # none before harness 3
+        lines[-1:-1] = [
+            "",
+            f"Served through {servers} API server processes (`--api-server-count {servers}`), prefix caching off "
+            f"(`{' '.join(_SERVER_FLAGS)}`); each client level after an untimed round of as many requests.",
+        ]
     spread = {n: _gpus(v[n]) for n in names if _gpus(v[n]) > 1}
     if spread and len(spread) < len(names):  # dense over several GPUs (--dense-tp), sparse on one
         lines += [

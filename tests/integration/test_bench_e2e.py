@@ -28,6 +28,8 @@ RUN = [
     "2",
     "--seq-len",
     "64",
+    "--api-servers",
+    "2",
 ]
 
 
@@ -60,7 +62,9 @@ def test_bench_e2e_on_tiny_models(tmp_path, monkeypatch, capsys):
         if name == "samoyeds-fp8":
             assert "serving" not in r
             continue
-        assert (tmp_path / f"serve-{name}-c2-warmup.json").exists()  # each level after an untimed round
+        # each level after an untimed round of as many requests
+        assert json.loads((tmp_path / f"serve-{name}-c2-warmup.json").read_text())["completed"] == 4
+        assert r["server_args"][-3:] == ["--no-enable-prefix-caching", "--api-server-count", "2"]
         assert [lv["completed"] for lv in r["serving"]["levels"]] == [2, 4]  # 2 prompts per client
         assert all(lv["median_tpot_ms"] > 0 and lv["p99_ttft_ms"] > 0 for lv in r["serving"]["levels"])
         measured = r["memory"]["measured"]
@@ -70,6 +74,7 @@ def test_bench_e2e_on_tiny_models(tmp_path, monkeypatch, capsys):
     text = (tmp_path / "results.md").read_text()
     assert "| in/out | batch | dense | samoyeds | samoyeds-fp8 | best dense |" in text
     assert "| 32/8 | 4 | " in text and "×) | dense |" in text
+    assert "Served through 2 API server processes (`--api-server-count 2`), prefix caching off" in text
     assert "serving 32/8, TPOT p50 ms" in text and "| KV-cache tokens | 4,096 | 4,096 (1.00×) | 4,096 (1.00×) |" in text
     for plot in ("offline-throughput.png", "throughput-vs-concurrency.png", "latency-vs-load.png", "memory.png"):
         assert (tmp_path / plot).stat().st_size > 1000
@@ -93,6 +98,7 @@ def test_a_dense_model_that_cannot_start_is_reported_with_the_reason(tmp_path, m
         "preset": "tiny-qwen3_moe",
         "segment": None,
         "engine_args": engine.split(),
+        "api_servers": 2,  # RUN's
         **{k: here[k] for k in ("device", "vllm", "torch")},
         "variant": "samoyeds",
         "model": VARIANTS["samoyeds"].model.describe(None),

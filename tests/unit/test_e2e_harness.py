@@ -177,6 +177,21 @@ def test_the_tensor_parallelism_engine_flags_give_every_variant(flags, tp):
     assert args[len(args) - len(flags) :] == list(flags)  # as given, nothing added after them
 
 
+def test_the_server_gets_several_api_servers_and_no_prefix_cache():
+    """One API server process caps serving at high concurrency whichever MoE runs, and vllm bench serve's random
+    prompts repeat with the made-up models' small vocabulary: both would hide what the MoE does."""
+    work = Workload(engine_args=("--max-model-len", "4096"))
+    args = work.server_args(VARIANTS["samoyeds"])
+    assert args[:-3] == work.variant_engine_args(VARIANTS["samoyeds"])
+    assert args[-3:] == ["--no-enable-prefix-caching", "--api-server-count", "4"]
+    assert Workload(api_servers=2).server_args(VARIANTS["dense"])[-1] == "2"
+
+
+def test_api_servers_must_be_a_number_of_processes(tmp_path, capsys):
+    assert main(["bench", "e2e", "--out", str(tmp_path), "--variants", "samoyeds", "--api-servers", "0"]) == 2
+    assert "--api-servers wants a number of processes, not 0" in capsys.readouterr().err
+
+
 def test_dense_tp_must_be_a_number_of_visible_gpus_given_once(tmp_path, capsys, monkeypatch):
     def e2e(*flags):
         return main(["bench", "e2e", "--out", str(tmp_path), "--variants", "samoyeds", *flags])
