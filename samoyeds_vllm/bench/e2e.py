@@ -71,13 +71,14 @@ _RERUN_SEEDS = 1000  # serving seeds: 2C timed, 2C + 1 untimed, 2C + 1000 k the 
 PROBE_FACTORS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25)
 BATCH_SIZES = (1, 16, 64, 256, 1024)
 STAGES = ("offline", "serving", "capacity")
-#: API server processes in front of the engine while serving. One process saturates its CPU core at 256 streaming
-#: clients: on an H200 it held samoyeds FP8 Qwen3-30B-A3B at 11-15k output tokens/s where four gave 16-18.6k, so
-#: with one the comparison measures the front end; vLLM's `--api-server-count` spreads the clients over several.
+#: API server processes in front of the engine while serving (vLLM's `--api-server-count`). One process saturated
+#: its CPU core at 256 streaming clients: on an H200 it held samoyeds FP8 Qwen3-30B-A3B at 11-15k output tokens/s
+#: where four gave 16-18.6k, so with one the comparison measures the front end. A setting a run resumes on: another
+#: number starts the variants over.
 API_SERVERS = 4
 #: The serving flags besides the engine's: the API servers, and no prefix caching. `vllm bench serve`'s random
 #: prompts are runs of consecutive token ids, and with the made-up models' 1000-token vocabulary many of them repeat
-#: (42-82% prefix-cache hits were seen), which would skip prefills no real traffic skips.
+#: (up to 82% prefix-cache hits were seen), which would skip prefills no real traffic skips.
 _SERVER_FLAGS = ("--no-enable-prefix-caching",)
 
 
@@ -486,7 +487,7 @@ def run_variant(
             # compiled and captured before the timed run too.
             _bench_serve(server, model, mix, c, requests, out, f"{model.name}-c{c}-warmup", seed=2 * c + 1)
             timed = partial(_bench_serve, server, model, mix, c, requests, out, f"{model.name}-c{c}")
-            # a rerun (it compiled a kernel) with seeds of its own: the prompts of the run before are cached
+            # a rerun (it compiled a kernel) with seeds of its own: other prompts than the runs before
             level, jit = without_jit(
                 lambda run, timed=timed, c=c: timed(seed=2 * c + _RERUN_SEEDS * run), log, caches=jit_caches
             )
