@@ -361,7 +361,7 @@ def test_real_preset_shapes_match_published_parameter_counts():
         "olmoe-1b-7b": 6.92,
         "deepseek-v2-lite": 15.71,
         "deepseek-v3": 671.03,  # without its multi-token-prediction layer (vLLM serves it as a draft model)
-        # the hub's parameter counts, vision tower included (from memory: these presets are unchecked, README)
+        # the hub's parameter counts, vision tower included (from memory: these presets are unchecked, docs/design.md)
         "llama4-scout-17b-16e-mm": 108.64,
         "llama4-maverick-17b-128e": 401.58,
     }
