@@ -215,6 +215,11 @@ def _bench_e2e(args: argparse.Namespace) -> None:
     if args.api_servers is not None and args.api_servers < 1:
         raise SamoyedsError(f"--api-servers wants a number of processes, not {args.api_servers}")
     engine_args = tuple(shlex.split(args.engine_args))
+    if any(arg.partition("=")[0] in ("--api-server-count", "-asc") for arg in engine_args):
+        raise SamoyedsError(
+            "give the API server processes with --api-servers: --engine-args also go to the offline engines, "
+            "which have none"
+        )
     if args.dense_tp > 1:
         if engine_tensor_parallel_size(engine_args) is not None:
             raise SamoyedsError(

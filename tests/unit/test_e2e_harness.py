@@ -190,6 +190,10 @@ def test_the_server_gets_several_api_servers_and_no_prefix_cache():
 def test_api_servers_must_be_a_number_of_processes(tmp_path, capsys):
     assert main(["bench", "e2e", "--out", str(tmp_path), "--variants", "samoyeds", "--api-servers", "0"]) == 2
     assert "--api-servers wants a number of processes, not 0" in capsys.readouterr().err
+    for flags in ("--api-server-count 2", "-asc=2"):
+        assert main(["bench", "e2e", "--out", str(tmp_path), "--variants", "samoyeds", f"--engine-args={flags}"]) == 2
+        assert "give the API server processes with --api-servers" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before anything ran
 
 
 def test_dense_tp_must_be_a_number_of_visible_gpus_given_once(tmp_path, capsys, monkeypatch):
