@@ -326,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fp8-block",
         action="store_true",
-        help="quantize the projections to FP8 in 128x128 blocks, as Qwen3-*-FP8 and DeepSeek-V3 checkpoints are",
+        help="quantize the projections to FP8 in 128x128 blocks, as Qwen3-*-FP8 and DeepSeek-V3 checkpoints are "
+        "(with --sparse: the other layers of a sparse checkpoint converted from such a one, format version 3)",
     )
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=_make_model)

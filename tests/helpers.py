@@ -42,7 +42,7 @@ def rewrite_checkpoint(src: Path, dst: Path, edit) -> Path:
 
 def fp8_experts_only(tensors, config):
     """Leave only the experts block-quantized (vLLM's CPU build has no FP8 block GEMM for the other linears): the
-    others dequantized, as the converter writes them, and listed in modules_to_not_convert."""
+    others dequantized into the model's dtype and listed in modules_to_not_convert."""
     quant = config["quantization_config"]
     for name in [n for n in tensors if n.endswith(SCALE_SUFFIX) and ".experts." not in n]:
         weight = name.removesuffix(SCALE_SUFFIX)

@@ -76,7 +76,7 @@ STAGES = ("offline", "serving", "capacity")
 #: where four gave 16-18.6k, so with one the comparison measures the front end. A setting a run resumes on: another
 #: number starts the variants over.
 API_SERVERS = 4
-#: The serving flags besides the engine's: the API servers, and no prefix caching. `vllm bench serve`'s random
+#: The serving flags besides the engine's and the API server count: no prefix caching. `vllm bench serve`'s random
 #: prompts are runs of consecutive token ids, and with the made-up models' 1000-token vocabulary many of them repeat
 #: (up to 82% prefix-cache hits were seen), which would skip prefills no real traffic skips.
 _SERVER_FLAGS = ("--no-enable-prefix-caching",)

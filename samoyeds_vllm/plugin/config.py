@@ -10,7 +10,9 @@ methods). Two ways in:
 - an FP8 block-quantized checkpoint (Qwen3-*-FP8: `"quant_method": "fp8"` with `weight_block_size`) with
   `--quantization samoyeds`: its experts are dequantized with their block scales, then pruned and packed as above;
   every other layer keeps its FP8 weights through vLLM's own Fp8Config (its FP8 block GEMMs). The same samoyeds
-  keys added to the checkpoint's quantization_config through --hf-overrides choose the pattern and values.
+  keys added to the checkpoint's quantization_config through --hf-overrides choose the pattern and values. A
+  checkpoint converted from such a one (format version 3) names that FP8 config in `other_layers`, and its other
+  layers load the same way.
 
 vLLM pickles the config to its engine processes, so the class lives at module level.
 """
@@ -140,6 +142,8 @@ class SamoyedsConfig(QuantizationConfig):
                         "block-quantized checkpoint, whose experts load dense and are packed on load"
                     )
                 fp8 = Fp8Config.from_config(config)
+            elif parsed.other_layers is not None:
+                fp8 = Fp8Config.from_config(parsed.other_layers)
         except CheckpointError as e:
             raise ValueError(str(e)) from None
         return cls(parsed.pattern, parsed.packed, parsed.values, fp8)
@@ -170,8 +174,12 @@ class SamoyedsConfig(QuantizationConfig):
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         if isinstance(layer, RoutedExperts):
             _check_checkpoint_experts(layer, self.checkpoint_experts.get(prefix), self.expert_suffixes)
-            fp8_block = None
-            if self.fp8 and not is_layer_skipped(prefix, self.fp8.ignored_layers, self.packed_modules_mapping):
+            fp8_block = None  # the block of FP8 experts to dequantize on load (packed ones are converted already)
+            if (
+                self.fp8
+                and not self.packed
+                and not is_layer_skipped(prefix, self.fp8.ignored_layers, self.packed_modules_mapping)
+            ):
                 fp8_block = tuple(self.fp8.weight_block_size)
             return SamoyedsMoEMethod(self.pattern, self.packed, layer.moe_config, self.values, fp8_block)
         if self.fp8 is not None:

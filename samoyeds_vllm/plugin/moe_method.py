@@ -155,7 +155,11 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
                 # w13's scales: gate's blocks, then up's (the checkpoint scales each projection in its own blocks)
                 halves = 2 if name == "w13" else 1
                 rows, cols = scale_shape((shape[1] // halves, shape[2]), self.fp8_block)
-                scale = torch.nn.Parameter(torch.ones(num_experts, halves * rows, cols), requires_grad=False)
+                # float32 as stored: vLLM builds the model under its dtype as torch's default, and bf16 scales
+                # would dequantize other weights than the checkpoint's (and than `convert` prunes)
+                scale = torch.nn.Parameter(
+                    torch.ones(num_experts, halves * rows, cols, dtype=torch.float32), requires_grad=False
+                )
                 layer.register_parameter(f"{name}_weight{SCALE_SUFFIX}", scale)
                 # vLLM's expert loader shards tensors named *scale* by this attribute, block scales like weights
                 attrs = {"quant_method": FusedMoeWeightScaleSupported.BLOCK.value, "weight_loader": loader}

@@ -3,8 +3,9 @@
 Routed-expert weights are pruned onto the pattern and packed (samoyeds_vllm.format), their kept values quantized to
 FP8 when asked; every other tensor is copied unchanged; config.json gains a `quantization_config` that tells vLLM to
 load it with the `samoyeds` method. A block-quantized FP8 input (DeepSeek-V3, Qwen3-*-FP8) is read dequantized
-(tools/fp8_blocks.py): its experts are pruned from the weights it stands for, its other weights written in the
-model's dtype.
+(tools/fp8_blocks.py): its experts are pruned from the weights it stands for, and its other FP8 weights are copied
+with their block scales (format version 3), so they load as the dense FP8 model's do (vLLM's FP8 block GEMMs) and as
+sparsifying that checkpoint on load gives them; the dense export (--export-dense) holds them dequantized.
 Everything is checked before anything is written, tensors stream one at a time, and the output appears only
 when complete.
 """
@@ -168,9 +169,12 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader | Fp8BlockReader | PerExpertReader]:
-    """The input's config (without the quantization_config of an FP8 block-quantized input), architecture and a
-    reader of its dense weights, one tensor per expert and projection."""
+def _check_input(
+    in_dir: Path,
+) -> tuple[dict, Architecture, CheckpointReader | Fp8BlockReader | PerExpertReader, Fp8BlockReader | None]:
+    """The input's config (without the quantization_config of an FP8 block-quantized input), architecture, a
+    reader of its dense weights, one tensor per expert and projection, and for an FP8 block-quantized input its
+    reader (Fp8BlockReader.stored gives the FP8 tensors as stored)."""
     config = read_config(in_dir)
     quant = config.get("quantization_config")
     block = block_size(quant) if quant else None
@@ -185,11 +189,11 @@ def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader | F
             f"{in_dir} is quantized with {method!r}; convert needs a dense or an FP8 block-quantized checkpoint"
         )
     arch = architecture_of(config)
-    reader = CheckpointReader(in_dir)
+    reader = fp8_reader = CheckpointReader(in_dir)
     if block is not None:
         config = {k: v for k, v in config.items() if k != "quantization_config"}
-        reader = Fp8BlockReader(reader, block, dtype_of(config))
-    return config, arch, per_expert(reader, arch)
+        reader = fp8_reader = Fp8BlockReader(reader, block, dtype_of(config))
+    return config, arch, per_expert(reader, arch), fp8_reader if block is not None else None
 
 
 def convert(
@@ -216,7 +220,8 @@ def convert(
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     if method not in METHODS:
         raise SamoyedsError(f"unknown pruning method {method!r}; choose one of {', '.join(METHODS)}")
-    config, arch, reader = _check_input(in_dir)
+    config, arch, reader, fp8_reader = _check_input(in_dir)
+    kept_fp8 = False  # an FP8 input's other layers hold FP8 weights (else they are all in the model's dtype)
     outputs = [out_dir] + ([Path(export_dense)] if export_dense else [])
     for path in outputs:
         if path.resolve() == in_dir.resolve():
@@ -273,7 +278,11 @@ def convert(
                     "damaged (pass --allow-nonfinite to convert it anyway)"
                 )
             if not expert_re.match(name):
-                for writer in writers:
+                stored = fp8_reader.stored(name) if fp8_reader else {name: tensor}
+                kept_fp8 |= len(stored) > 1
+                for stored_name, stored_tensor in stored.items():
+                    writers[0].add(stored_name, stored_tensor)
+                for writer in writers[1:]:
                     writer.add(name, tensor)
             elif windows is None:
                 write_expert(name, tensor, prune(tensor, pattern, name=name))
@@ -290,7 +299,8 @@ def convert(
         report.seconds = time.perf_counter() - start
         report.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         report.peak_gpu_bytes = torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else 0
-        quant = quantization_config(pattern, arch.sparse_module_globs(), method, values)
+        other_layers = read_config(in_dir)["quantization_config"] if kept_fp8 else None
+        quant = quantization_config(pattern, arch.sparse_module_globs(), method, values, other_layers)
         if recovery:  # a recovered model: its masks came from recovery["from"], then its kept weights trained
             quant |= {"pruning_method": recovery["from"], "recovery": recovery}
         sparse_config = dict(config, quantization_config=quant)

@@ -68,6 +68,16 @@ class Fp8BlockReader:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.reader.shape(name)
 
+    def stored(self, name: str) -> dict[str, torch.Tensor]:
+        """A tensor as the checkpoint stores it: an FP8 weight with its scale_inv, any other tensor alone."""
+        tensor = self.reader.get(name)
+        if tensor.dtype != FP8:
+            return {name: tensor}
+        scale_name = name + SCALE_SUFFIX
+        if scale_name not in self._present:
+            raise CheckpointError(f"{self.model_dir}: FP8 tensor {name} has no {scale_name}")
+        return {name: tensor, scale_name: self.reader.get(scale_name)}
+
     def get(self, name: str) -> torch.Tensor:
         tensor = self.reader.get(name)
         if tensor.dtype != FP8:

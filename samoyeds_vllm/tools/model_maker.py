@@ -353,7 +353,8 @@ def make_model(
     `sparse` (config only) marks the config as a packed samoyeds checkpoint of that pattern, so that vLLM with
     load_format="dummy" allocates only the packed expert weights: models too large for the GPU when dense load;
     `sparse_values` (FP8) marks those values quantized. `fp8_block` writes a checkpoint quantized like Qwen3-*-FP8
-    (128 x 128 blocks, tools/fp8_blocks.py), with weights or config only (what vLLM's dense FP8 MoE runs).
+    (128 x 128 blocks, tools/fp8_blocks.py), with weights or config only (what vLLM's dense FP8 MoE runs); with
+    `sparse`, the packed checkpoint converted from one, whose other layers stay FP8.
 
     Everything is written into a hidden sibling folder that is renamed to out_dir at the end, so a failed or
     interrupted run leaves no out_dir (and, with force, the previous one untouched). Returns out_dir.
@@ -376,17 +377,19 @@ def make_model(
                 "--sparse describes packed weights for load_format=dummy: use it with --config-only "
                 "(to sparsify real weights, make the model dense and run `samoyeds-vllm convert`)"
             )
-        if fp8_block:
-            raise SamoyedsError("--sparse and --fp8-block exclude each other (--values fp8 quantizes sparse values)")
+        if fp8_block and arch in _VISION_TOWERS:
+            raise SamoyedsError(f"--fp8-block writes text models only, not multimodal {arch}")
         globs = architecture_of(hf_config).sparse_module_globs()
-        hf_config["quantization_config"] = quantization_config(sparse, globs, "dummy", sparse_values)
+        # with fp8_block: converted from the FP8 checkpoint, whose other layers it keeps (format version 3)
+        other_layers = fp8_block_config(_not_fp8_modules(hf_config)) if fp8_block else None
+        hf_config["quantization_config"] = quantization_config(sparse, globs, "dummy", sparse_values, other_layers)
     elif sparse_values is not None:
         raise SamoyedsError("quantized sparse values (--values) describe a --sparse checkpoint")
     if dtype is not None:
         if dtype not in DTYPES:
             raise SamoyedsError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
         hf_config["torch_dtype"] = dtype
-    if fp8_block:
+    if fp8_block and sparse is None:
         if arch in _VISION_TOWERS:  # vLLM builds Llama-4's vision tower unquantized: it would not load FP8 weights
             raise SamoyedsError(f"--fp8-block writes text models only, not multimodal {arch}")
         hf_config["quantization_config"] = fp8_block_config(_not_fp8_modules(hf_config))

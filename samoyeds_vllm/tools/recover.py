@@ -89,6 +89,11 @@ def check_pair(dense_dir: Path, sparse_dir: Path) -> tuple[dict, dict]:
     quant = sparse.get("quantization_config") or {}
     if quant.get("quant_method") != QUANT_METHOD or "format_version" not in quant:
         raise CheckpointError(f"{sparse_dir} is not a packed samoyeds checkpoint (convert the dense model first)")
+    if quant.get("other_layers"):
+        raise CheckpointError(
+            f"{sparse_dir} keeps the FP8 layers of the checkpoint it was converted from; recover trains in the "
+            "model's dtype: convert the dense bf16 model instead"
+        )
     if dense.get("quantization_config"):
         raise CheckpointError(f"{dense_dir} is quantized; the teacher must be the dense model")
     if architecture_of(dense).fused_experts:

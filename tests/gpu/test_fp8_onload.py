@@ -5,8 +5,8 @@ with only the experts quantized).
 - experts alone quantized, bfloat16: the samoyeds kernels on the experts dequantized, pruned and packed on load
   give the tokens of the checkpoint converted first;
 - every projection quantized (as Qwen3-*-FP8): attention runs vLLM's Fp8LinearMethod on the checkpoint's FP8
-  weights, routers and the LM head stay unquantized, the experts run the kernels. Its tokens cannot be compared
-  with the converted checkpoint's, whose attention is dequantized (FP8 GEMMs also quantize the activations).
+  weights, routers and the LM head stay unquantized, the experts run the kernels; the checkpoint converted first
+  (format version 3, its other layers' FP8 weights kept) gives the same tokens.
 """
 
 import json
@@ -28,6 +28,17 @@ def test_fp8_experts_on_load_with_the_kernels_match_converting_first(tmp_path):
     tokens, log = run_engine(experts_only, "--quantization", "samoyeds", dtype="bfloat16")
     assert "quantization=samoyeds" in log
     assert "reference implementation" not in log  # every experts layer ran the kernels
+    assert tokens == reference
+
+
+def test_fp8_checkpoint_converted_first_matches_sparsify_on_load(tmp_path):
+    fp8 = make_model("qwen3_moe", "tiny", tmp_path / "fp8", dtype="bfloat16", fp8_block=True)
+    convert(fp8, tmp_path / "converted", Pattern.parse("samoyeds"), progress=False)
+    quant = json.loads((tmp_path / "converted" / "config.json").read_text())["quantization_config"]
+    assert quant["format_version"] == 3
+    reference, converted_log = run_engine(tmp_path / "converted", dtype="bfloat16")
+    tokens, log = run_engine(fp8, "--quantization", "samoyeds", dtype="bfloat16")
+    assert "reference implementation" not in converted_log + log
     assert tokens == reference
 
 

@@ -274,16 +274,18 @@ def test_tensor_parallel_size_that_cuts_segments_is_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def fp8_converted(tmp_path_factory):
-    """A tiny Qwen3-MoE block-quantized like Qwen3-*-FP8, converted to samoyeds with FP8 values, and the dense
-    export of the weights it stores (dequantized)."""
+    """A tiny Qwen3-MoE block-quantized like Qwen3-*-FP8 with only its experts left in FP8 (vLLM's CPU build has no
+    FP8 block GEMM for the other layers, which a converted checkpoint would keep), converted to samoyeds with FP8
+    values, and the dense export of the weights it stores (dequantized)."""
     from samoyeds_vllm.format import FP8
     from samoyeds_vllm.tools.model_maker import make_model
 
     root = tmp_path_factory.mktemp("fp8")
-    dense = make_model("qwen3_moe", "tiny", root / "fp8-block", seed=0, fp8_block=True)
+    fp8 = make_model("qwen3_moe", "tiny", root / "fp8-block", seed=0, fp8_block=True)
+    experts_only = rewrite_checkpoint(fp8, root / "fp8-experts", fp8_experts_only)
     sparse, stored = root / "sparse-fp8", root / "stored"
-    convert(dense, sparse, Pattern.parse("samoyeds"), values=FP8, export_dense=stored, progress=False)
-    return dense, sparse, stored
+    convert(experts_only, sparse, Pattern.parse("samoyeds"), values=FP8, export_dense=stored, progress=False)
+    return experts_only, sparse, stored
 
 
 def test_fp8_values_from_an_fp8_checkpoint_match_transformers(fp8_converted):
@@ -327,9 +329,9 @@ def test_fp8_values_on_load_match_converting_first(tiny_models, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def fp8_experts(fp8_converted, tmp_path_factory):
-    dense, _, _ = fp8_converted
-    return rewrite_checkpoint(dense, tmp_path_factory.mktemp("fp8-experts") / "model", fp8_experts_only)
+def fp8_experts(fp8_converted):
+    experts_only, _, _ = fp8_converted
+    return experts_only
 
 
 @pytest.mark.parametrize("values", [None, "float8_e4m3fn"])

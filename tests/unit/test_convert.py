@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import leftovers, read_checkpoint
+from helpers import fp8_experts_only, leftovers, read_checkpoint, rewrite_checkpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -242,7 +242,8 @@ def test_already_converted_and_quantized(tiny_models, tmp_path):
 
 def test_fp8_values_and_fp8_block_input(tmp_path):
     """--values fp8 writes format version 2 (values, scales, the quantization error in the report); an FP8
-    block-quantized input converts exactly as the dense checkpoint it stands for."""
+    block-quantized input prunes and packs its experts exactly as the dense checkpoint it stands for, and keeps its
+    other FP8 weights as stored (format version 3, the input's FP8 config in other_layers)."""
     from samoyeds_vllm.format import FP8
     from samoyeds_vllm.format.fp8_blocks import block_size
     from samoyeds_vllm.tools.fp8_blocks import Fp8BlockReader
@@ -265,15 +266,30 @@ def test_fp8_values_and_fp8_block_input(tmp_path):
     del block_config["quantization_config"]
     (dense / "config.json").write_text(json.dumps(block_config))
 
-    report = convert(block, tmp_path / "from-block", SAMOYEDS, values=FP8, progress=False)
-    convert(dense, tmp_path / "from-dense", SAMOYEDS, values=FP8, progress=False)
-    a, b = read_checkpoint(tmp_path / "from-block"), read_checkpoint(tmp_path / "from-dense")
-    assert a.keys() == b.keys() and all(
-        torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a if a[k].dtype == FP8
+    report = convert(
+        block, tmp_path / "from-block", SAMOYEDS, values=FP8, export_dense=tmp_path / "block-pruned", progress=False
     )
-    assert not any(k.endswith("_scale_inv") for k in a)
+    convert(dense, tmp_path / "from-dense", SAMOYEDS, values=FP8, export_dense=tmp_path / "pruned", progress=False)
+    a, b = read_checkpoint(tmp_path / "from-block"), read_checkpoint(tmp_path / "from-dense")
+    experts = {k for k in b if ".experts." in k}
+    assert experts and all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in experts)
+    # the other layers: the FP8 input's tensors, bit for bit, scales included; in the dense export dequantized
+    others = {k for k in tensors if ".experts." not in k}
+    assert a.keys() == experts | others
+    assert all(torch.equal(a[k].view(torch.uint8), tensors[k].view(torch.uint8)) for k in others)
+    assert any(a[k].dtype == FP8 for k in others) and any(k.endswith("_scale_inv") for k in others)
+    exported, pruned = read_checkpoint(tmp_path / "block-pruned"), read_checkpoint(tmp_path / "pruned")
+    assert exported.keys() == pruned.keys() and all(torch.equal(exported[k], pruned[k]) for k in pruned)
     quant = json.loads((tmp_path / "from-block" / "config.json").read_text())["quantization_config"]
-    assert quant["format_version"] == 2 and quant["values"] == "float8_e4m3fn" and quant["scale"] == "channel"
+    assert quant["format_version"] == 3 and quant["values"] == "float8_e4m3fn" and quant["scale"] == "channel"
+    assert quant["other_layers"] == json.loads((block / "config.json").read_text())["quantization_config"]
+    quant = json.loads((tmp_path / "from-dense" / "config.json").read_text())["quantization_config"]
+    assert quant["format_version"] == 2 and "other_layers" not in quant
+    # an FP8 input whose other layers are all unquantized converts as a bf16 one does (version 2)
+    experts_only = rewrite_checkpoint(block, tmp_path / "experts-only", fp8_experts_only)
+    convert(experts_only, tmp_path / "from-experts-only", SAMOYEDS, values=FP8, progress=False)
+    quant = json.loads((tmp_path / "from-experts-only" / "config.json").read_text())["quantization_config"]
+    assert quant["format_version"] == 2 and "other_layers" not in quant
     assert a["model.layers.0.mlp.experts.1.up_proj.weight_packed"].dtype == FP8
     assert a["model.layers.0.mlp.experts.1.up_proj.weight_scale"].dtype == torch.float32
     errors = [s.quantization_error for s in report.layers.values()]

@@ -178,7 +178,7 @@ def test_the_tensor_parallelism_engine_flags_give_every_variant(flags, tp):
 
 
 def test_the_server_gets_several_api_servers_and_no_prefix_cache():
-    """One API server process caps serving at high concurrency whichever MoE runs, and vllm bench serve's random
+    """One API server process capped samoyeds FP8 at 256 clients (its core saturated), and vllm bench serve's random
     prompts repeat with the made-up models' small vocabulary: both would hide what the MoE does."""
     work = Workload(engine_args=("--max-model-len", "4096"))
     args = work.server_args(VARIANTS["samoyeds"])

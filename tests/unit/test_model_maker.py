@@ -509,6 +509,14 @@ def test_config_only_sparse_marks_a_packed_checkpoint(tmp_path):
     with pytest.raises(SamoyedsError, match="use it with --config-only"):
         make_model("qwen3_moe", "tiny", tmp_path / "w", sparse=Pattern.parse("2:4"))
     assert not (tmp_path / "w").exists()
+    # converted from an FP8 block-quantized checkpoint: its other layers' FP8 config, as the dense FP8 model's
+    from_fp8 = make_model(
+        "qwen3_moe", "tiny", tmp_path / "f", config_only=True, sparse=Pattern.parse("2:4"), fp8_block=True
+    )
+    quant = json.loads((from_fp8 / "config.json").read_text())["quantization_config"]
+    dense_fp8 = make_model("qwen3_moe", "tiny", tmp_path / "d", config_only=True, fp8_block=True)
+    assert quant["format_version"] == 3 and "values" not in quant
+    assert quant["other_layers"] == json.loads((dense_fp8 / "config.json").read_text())["quantization_config"]
 
 
 def test_layers_keeps_the_first_layers_of_a_real_shape(tmp_path):

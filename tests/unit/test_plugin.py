@@ -54,10 +54,51 @@ def test_config_from_checkpoint_and_defaults():
     assert default.get_name() == "samoyeds" and torch.float32 in default.get_supported_act_dtypes()
 
 
+#: An FP8 block-quantized checkpoint's quantization_config (Qwen3-*-FP8).
+FP8_BLOCKS = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+
+def test_config_of_a_checkpoint_converted_from_fp8_blocks():
+    """Format version 3: the packed experts run the method (nothing to dequantize on load), every other layer
+    vLLM's FP8 config of the checkpoint it was converted from."""
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+    config = SamoyedsConfig.from_config(
+        {
+            "quant_method": "samoyeds",
+            "format_version": 3,
+            "values": "float8_e4m3fn",
+            "scale": "channel",
+            "other_layers": FP8_BLOCKS,
+        }
+    )
+    assert config.packed and config.values == torch.float8_e4m3fn
+    assert config.fp8 is not None and config.fp8.weight_block_size == [128, 128]
+    assert config.expert_suffixes == {SUFFIXES[p] for p in ("values", "meta", "rowsel", "scale")}
+    experts = RoutedExperts.__new__(RoutedExperts)
+    experts.moe_config = SimpleNamespace()
+    method = config.get_quant_method(experts, "model.layers.0.mlp.experts")
+    assert type(method).__name__ == "SamoyedsMoEMethod" and method.fp8_block is None
+    bf16_values = SamoyedsConfig.from_config(
+        {"quant_method": "samoyeds", "format_version": 3, "other_layers": FP8_BLOCKS}
+    )
+    assert bf16_values.values is None and bf16_values.fp8 is not None
+
+
 @pytest.mark.parametrize(
     "config, words",
     [
-        ({"format_version": 3, "pattern": "samoyeds"}, "format_version 3 is not supported"),
+        ({"format_version": 4, "pattern": "samoyeds"}, "format_version 4 is not supported"),
+        ({"format_version": 3, "pattern": "samoyeds"}, "format_version 3 needs other_layers"),
+        ({"format_version": 3, "other_layers": {"quant_method": "awq"}}, "format_version 3 needs other_layers"),
+        (
+            {"format_version": 3, "other_layers": {"quant_method": "fp8", "weight_block_size": [128]}},
+            "other_layers: fp8 quantization_config: weight_block_size",
+        ),
+        (
+            {"format_version": 2, "values": "float8_e4m3fn", "scale": "channel", "other_layers": FP8_BLOCKS},
+            "needs format_version 3",
+        ),
         ({"format_version": 2, "pattern": "samoyeds"}, "quantized values need values one of float8_e4m3fn"),
         ({"format_version": 1, "values": "float8_e4m3fn"}, "values 'float8_e4m3fn' needs format_version 2"),
         ({"values": "int4"}, "not values 'int4'"),

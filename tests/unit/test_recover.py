@@ -3,6 +3,7 @@ zero, an interrupted run resumes to the same result, and a DENSE / SPARSE pair t
 refused."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -116,4 +117,11 @@ def test_mismatched_pairs_are_refused(pair, tiny_models, tmp_path):
         recover(sparse, sparse, tmp_path / "o", _settings(text))
     with pytest.raises(CheckpointError, match=r"recover does not support checkpoints with fused experts \(llama4"):
         recover(tiny_models["llama4_text"], sparse, tmp_path / "o", _settings(text))
+    from_fp8 = tmp_path / "from-fp8"  # converted from an FP8 block-quantized checkpoint: FP8 attention
+    shutil.copytree(sparse, from_fp8)
+    config = json.loads((from_fp8 / "config.json").read_text())
+    config["quantization_config"] |= {"format_version": 3, "other_layers": {"quant_method": "fp8"}}
+    (from_fp8 / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="keeps the FP8 layers of the checkpoint it was converted from"):
+        recover(dense, from_fp8, tmp_path / "o", _settings(text))
     assert not (tmp_path / "o").exists()
