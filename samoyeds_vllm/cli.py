@@ -322,7 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
         "load_format=dummy allocates only packed expert weights",
     )
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V for --sparse")
-    p.add_argument("--values", choices=["fp8"], help="with --sparse: the packed values are FP8 (format version 2)")
+    p.add_argument(
+        "--values",
+        choices=["fp8"],
+        help="with --sparse: the packed values are FP8 (format version 2, 3 with --fp8-block)",
+    )
     p.add_argument(
         "--fp8-block",
         action="store_true",

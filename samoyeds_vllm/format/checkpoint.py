@@ -20,8 +20,8 @@ layers besides the routed experts as they were: `"other_layers"` holds that chec
 blocks (format/fp8_blocks.py) the checkpoint stores unchanged; the values are quantized or not as in versions 1-2.
 A reader of versions 1-2 would load those FP8 weights as plain ones, so they get a version of their own.
 
-A weight `X.weight` is stored as `X.weight_packed`, `X.weight_meta`, (samoyeds) `X.weight_rowsel` and (version 2)
-`X.weight_scale`.
+A weight `X.weight` is stored as `X.weight_packed`, `X.weight_meta`, (samoyeds) `X.weight_rowsel` and (quantized
+values, versions 2-3) `X.weight_scale`.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def parse_quantization_config(config: dict) -> SparseCheckpointConfig:
         pattern = Pattern.parse(config.get("pattern", "samoyeds"), config.get("segment"))
     except PatternError as e:
         raise CheckpointError(f"samoyeds quantization_config: {e}") from None
-    # Quantized values: named by version 2, or asked of sparsify on load (no version) with the same keys.
+    # Quantized values: named by version 2 (or 3), or asked of sparsify on load (no version) with the same keys.
     name, layout = config.get("values"), config.get("scale", SCALE_LAYOUT if version is None else None)
     values = None
     if version == 2 or (version in (None, 3) and name is not None):

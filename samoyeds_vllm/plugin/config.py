@@ -79,8 +79,9 @@ def checkpoint_experts(model_dir: Path, suffixes: set[str]) -> dict[str, Checkpo
 
 class SamoyedsConfig(QuantizationConfig):
     """Which pattern the experts use, whether the checkpoint holds them packed or dense, the type of the kept
-    values (None: the model's dtype), and for an FP8 block-quantized checkpoint vLLM's config of it (`fp8`), which
-    the layers other than the routed experts keep."""
+    values (None: the model's dtype), and vLLM's config (`fp8`) of the FP8 block-quantized checkpoint being
+    sparsified on load, or of the one a version 3 checkpoint was converted from, for the layers besides the routed
+    experts."""
 
     def __init__(
         self,

@@ -215,8 +215,8 @@ def convert(
     to `export_dense`, if given). `calibration` is required by the calibrated methods (wanda, sparsegpt), which
     prune layer by layer (tools/calibration.py). `recovery` records, in quantization_config, that the input is a
     recovered model (tools/recover.py) whose weights already satisfy the pattern. `values` (format.FP8) quantizes the
-    kept values, one scale per output row (format version 2). Raises SamoyedsError, leaving no output, on bad
-    input."""
+    kept values, one scale per output row (format version 2; 3 for an FP8 input, whose other FP8 layers are kept).
+    Raises SamoyedsError, leaving no output, on bad input."""
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     if method not in METHODS:
         raise SamoyedsError(f"unknown pruning method {method!r}; choose one of {', '.join(METHODS)}")

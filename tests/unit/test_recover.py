@@ -120,7 +120,10 @@ def test_mismatched_pairs_are_refused(pair, tiny_models, tmp_path):
     from_fp8 = tmp_path / "from-fp8"  # converted from an FP8 block-quantized checkpoint: FP8 attention
     shutil.copytree(sparse, from_fp8)
     config = json.loads((from_fp8 / "config.json").read_text())
-    config["quantization_config"] |= {"format_version": 3, "other_layers": {"quant_method": "fp8"}}
+    config["quantization_config"] |= {
+        "format_version": 3,
+        "other_layers": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    }
     (from_fp8 / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="keeps the FP8 layers of the checkpoint it was converted from"):
         recover(dense, from_fp8, tmp_path / "o", _settings(text))
