@@ -169,12 +169,10 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def _check_input(
-    in_dir: Path,
-) -> tuple[dict, Architecture, CheckpointReader | Fp8BlockReader | PerExpertReader, Fp8BlockReader | None]:
+def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader | PerExpertReader, Fp8BlockReader | None]:
     """The input's config (without the quantization_config of an FP8 block-quantized input), architecture, a
     reader of its dense weights, one tensor per expert and projection, and for an FP8 block-quantized input its
-    reader (Fp8BlockReader.stored gives the FP8 tensors as stored)."""
+    reader (its tensors as stored, and its quantization_config)."""
     config = read_config(in_dir)
     quant = config.get("quantization_config")
     block = block_size(quant) if quant else None
@@ -189,11 +187,11 @@ def _check_input(
             f"{in_dir} is quantized with {method!r}; convert needs a dense or an FP8 block-quantized checkpoint"
         )
     arch = architecture_of(config)
-    reader = fp8_reader = CheckpointReader(in_dir)
+    reader, fp8_reader = CheckpointReader(in_dir), None
     if block is not None:
         config = {k: v for k, v in config.items() if k != "quantization_config"}
-        reader = fp8_reader = Fp8BlockReader(reader, block, dtype_of(config))
-    return config, arch, per_expert(reader, arch), fp8_reader if block is not None else None
+        reader = fp8_reader = Fp8BlockReader(reader, quant, dtype_of(config))
+    return config, arch, per_expert(reader, arch), fp8_reader
 
 
 def convert(
@@ -270,15 +268,18 @@ def convert(
                 writers[1].add(name, pruned if stored is None else stored.to(pruned.dtype))
 
         for name in tqdm(reader.names(), desc="converting", unit="tensor", disable=not progress):
-            tensor = reader.get(name)
+            expert = expert_re.match(name)
+            # an FP8 input's other layers are copied as stored (read once, dequantized for the checks and export)
+            stored = fp8_reader.stored(name) if fp8_reader and not expert else None
+            tensor = reader.get(name) if stored is None else fp8_reader.dense(name, stored)
             if not allow_nonfinite and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 bad = int((~torch.isfinite(tensor)).sum())
                 raise CheckpointError(
                     f"{in_dir}: tensor {name} holds {bad} non-finite values (NaN or Inf); the checkpoint is "
                     "damaged (pass --allow-nonfinite to convert it anyway)"
                 )
-            if not expert_re.match(name):
-                stored = fp8_reader.stored(name) if fp8_reader else {name: tensor}
+            if not expert:
+                stored = stored or {name: tensor}
                 kept_fp8 |= len(stored) > 1
                 for stored_name, stored_tensor in stored.items():
                     writers[0].add(stored_name, stored_tensor)
@@ -299,7 +300,7 @@ def convert(
         report.seconds = time.perf_counter() - start
         report.peak_host_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         report.peak_gpu_bytes = torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else 0
-        other_layers = read_config(in_dir)["quantization_config"] if kept_fp8 else None
+        other_layers = fp8_reader.quantization_config if kept_fp8 else None
         quant = quantization_config(pattern, arch.sparse_module_globs(), method, values, other_layers)
         if recovery:  # a recovered model: its masks came from recovery["from"], then its kept weights trained
             quant |= {"pruning_method": recovery["from"], "recovery": recovery}

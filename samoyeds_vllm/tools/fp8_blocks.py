@@ -10,7 +10,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..format import FP8, FP8_MAX
-from ..format.fp8_blocks import BLOCK, SCALE_SUFFIX, dequantize_blocks, scale_shape
+from ..format.fp8_blocks import BLOCK, SCALE_SUFFIX, block_size, dequantize_blocks, scale_shape
 
 
 def fp8_block_config(not_converted: list[str]) -> dict:
@@ -50,11 +50,13 @@ def quantize_blocks(
 
 
 class Fp8BlockReader:
-    """A CheckpointReader's view of a block-quantized checkpoint as the dense one it stands for: FP8 weights come
-    dequantized to `dtype`, their scale_inv tensors are hidden, every other tensor passes unchanged."""
+    """A CheckpointReader's view of a block-quantized checkpoint (its `quantization_config`) as the dense one it
+    stands for: FP8 weights come dequantized to `dtype`, their scale_inv tensors are hidden, every other tensor
+    passes unchanged. `stored` gives a tensor as the checkpoint holds it, `dense` turns that into what `get` gives."""
 
-    def __init__(self, reader, block: tuple[int, int], dtype: torch.dtype):
-        self.reader, self.block, self.dtype = reader, block, dtype
+    def __init__(self, reader, quantization_config: dict, dtype: torch.dtype):
+        self.reader, self.quantization_config, self.dtype = reader, quantization_config, dtype
+        self.block = block_size(quantization_config)
         self.model_dir = reader.model_dir
         names = reader.names()
         self._present = set(names)
@@ -78,16 +80,16 @@ class Fp8BlockReader:
             raise CheckpointError(f"{self.model_dir}: FP8 tensor {name} has no {scale_name}")
         return {name: tensor, scale_name: self.reader.get(scale_name)}
 
-    def get(self, name: str) -> torch.Tensor:
-        tensor = self.reader.get(name)
+    def dense(self, name: str, stored: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The tensor `name` that `stored(name)` holds, dequantized if FP8."""
+        tensor = stored[name]
         if tensor.dtype != FP8:
             return tensor
-        scale_name = name + SCALE_SUFFIX
-        if scale_name not in self._present:
-            raise CheckpointError(f"{self.model_dir}: FP8 tensor {name} has no {scale_name}")
+        scale = stored[name + SCALE_SUFFIX].float()
         try:
-            return dequantize_blocks(tensor, self.reader.get(scale_name).float(), self.block, torch.float32).to(
-                self.dtype
-            )
+            return dequantize_blocks(tensor, scale, self.block, torch.float32).to(self.dtype)
         except CheckpointError as e:
             raise CheckpointError(f"{self.model_dir}: {name}: {e}") from None
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.dense(name, self.stored(name))

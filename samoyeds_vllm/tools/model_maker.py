@@ -371,14 +371,14 @@ def make_model(
             f"random weights for {arch} are not supported (supported: {', '.join(_weight_families())}); "
             "use --config-only to write its config and tokenizer"
         )
+    if fp8_block and arch in _VISION_TOWERS:  # vLLM builds Llama-4's vision tower unquantized: no FP8 weights there
+        raise SamoyedsError(f"--fp8-block writes text models only, not multimodal {arch}")
     if sparse is not None:
         if not config_only:
             raise SamoyedsError(
                 "--sparse describes packed weights for load_format=dummy: use it with --config-only "
                 "(to sparsify real weights, make the model dense and run `samoyeds-vllm convert`)"
             )
-        if fp8_block and arch in _VISION_TOWERS:
-            raise SamoyedsError(f"--fp8-block writes text models only, not multimodal {arch}")
         globs = architecture_of(hf_config).sparse_module_globs()
         # with fp8_block: converted from the FP8 checkpoint, whose other layers it keeps (format version 3)
         other_layers = fp8_block_config(_not_fp8_modules(hf_config)) if fp8_block else None
@@ -390,8 +390,6 @@ def make_model(
             raise SamoyedsError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
         hf_config["torch_dtype"] = dtype
     if fp8_block and sparse is None:
-        if arch in _VISION_TOWERS:  # vLLM builds Llama-4's vision tower unquantized: it would not load FP8 weights
-            raise SamoyedsError(f"--fp8-block writes text models only, not multimodal {arch}")
         hf_config["quantization_config"] = fp8_block_config(_not_fp8_modules(hf_config))
     check_output_dir(out_dir, force)
     with staged_dirs(out_dir, replace=force) as (work_dir,):

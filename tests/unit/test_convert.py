@@ -245,7 +245,6 @@ def test_fp8_values_and_fp8_block_input(tmp_path):
     block-quantized input prunes and packs its experts exactly as the dense checkpoint it stands for, and keeps its
     other FP8 weights as stored (format version 3, the input's FP8 config in other_layers)."""
     from samoyeds_vllm.format import FP8
-    from samoyeds_vllm.format.fp8_blocks import block_size
     from samoyeds_vllm.tools.fp8_blocks import Fp8BlockReader
     from samoyeds_vllm.tools.model_maker import make_model
 
@@ -256,9 +255,7 @@ def test_fp8_values_and_fp8_block_input(tmp_path):
     assert tensors["model.layers.0.self_attn.q_proj.weight"].dtype == FP8
     assert tensors["model.layers.0.mlp.gate.weight"].dtype == torch.bfloat16  # routers stay unquantized
     # its dense twin: every FP8 tensor dequantized
-    reader = Fp8BlockReader(
-        convert_module.CheckpointReader(block), block_size(block_config["quantization_config"]), torch.bfloat16
-    )
+    reader = Fp8BlockReader(convert_module.CheckpointReader(block), block_config["quantization_config"], torch.bfloat16)
     dense = tmp_path / "dense"
     dense.mkdir()
     save_file({n: reader.get(n) for n in reader.names()}, str(dense / "model.safetensors"))
