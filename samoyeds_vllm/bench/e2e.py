@@ -298,19 +298,59 @@ def _bench_serve(
     }
 
 
+def _metrics(url: str, timeout: float = 120) -> str:
+    """The server's Prometheus text (with several API servers, theirs and the engine's together)."""
+    return urllib.request.urlopen(f"{url}/metrics", timeout=timeout).read().decode()
+
+
+def _metric_total(text: str, metric: str) -> float:
+    """A metric summed over its label sets (engines, API server processes)."""
+    return sum(float(m[1]) for m in re.finditer(rf"^{metric}(?:{{[^}}]*}})? ([\d.e+-]+)$", text, re.M))
+
+
+#: Where a served request's time goes, from the server's histograms (vLLM's names, without `vllm:`): TTFT as the
+#: API server sees it (arrival to first token out), and the engine's own intervals, waiting in its queue, from its
+#: first scheduling to its first token, and from there to its last. TTFT less queue and prefill is what lies
+#: outside the engine's step loop: the API servers (tokenizing, handing the request over) and the hops between.
+SERVER_TIMES = {
+    "ttft": "time_to_first_token_seconds",
+    "queue": "request_queue_time_seconds",
+    "prefill": "request_prefill_time_seconds",
+    "decode": "request_decode_time_seconds",
+}
+
+
+def _server_times(text: str) -> dict[str, tuple[float, float]]:
+    """Each SERVER_TIMES histogram's (sum of seconds, count) so far."""
+    return {
+        key: (_metric_total(text, f"vllm:{name}_sum"), _metric_total(text, f"vllm:{name}_count"))
+        for key, name in SERVER_TIMES.items()
+    }
+
+
+def server_split(url: str, measure: Callable[[], dict]) -> dict:
+    """measure()'s record of a served load with `server_mean_ms`: the mean ms per request of each SERVER_TIMES
+    interval over the requests that finished during it, read from the server's /metrics before and after."""
+    before = _server_times(_metrics(url))
+    level = measure()
+    after = _server_times(_metrics(url))
+    level["server_mean_ms"] = {
+        key: 1000 * (after[key][0] - before[key][0]) / count
+        for key in SERVER_TIMES
+        if (count := after[key][1] - before[key][1]) > 0
+    }
+    return level
+
+
 class _MetricsPoller:
     """Polls /metrics while a load runs: peak running requests and the preemption counter."""
 
     def __init__(self, url: str):
-        self.url, self.peak_running, self._stop = f"{url}/metrics", 0.0, threading.Event()
+        self.url, self.peak_running, self._stop = url, 0.0, threading.Event()
 
     def read(self, timeout: float = 120) -> tuple[float, float]:
-        text = urllib.request.urlopen(self.url, timeout=timeout).read().decode()
-
-        def total(metric):
-            return sum(float(m[1]) for m in re.finditer(rf"^{metric}(?:{{[^}}]*}})? ([\d.e+-]+)$", text, re.M))
-
-        return total("vllm:num_requests_running"), total("vllm:num_preemptions_total")
+        text = _metrics(self.url, timeout)
+        return _metric_total(text, "vllm:num_requests_running"), _metric_total(text, "vllm:num_preemptions_total")
 
     def __enter__(self):
         self.start_preemptions = self.read()[1]
@@ -489,7 +529,9 @@ def run_variant(
             timed = partial(_bench_serve, server, model, mix, c, requests, out, f"{model.name}-c{c}")
             # a rerun (it compiled a kernel) with seeds of its own: other prompts than the runs before
             level, jit = without_jit(
-                lambda run, timed=timed, c=c: timed(seed=2 * c + _RERUN_SEEDS * run), log, caches=jit_caches
+                lambda run, timed=timed, c=c: server_split(server.url, partial(timed, seed=2 * c + _RERUN_SEEDS * run)),
+                log,
+                caches=jit_caches,
             )
             serving["levels"].append({**level, **jit})
             serving["levels"].sort(key=lambda lv: lv["concurrency"])
@@ -504,7 +546,17 @@ def run_variant(
 
 
 # What every variant of one comparison must share (the variant's own model and environment may differ).
-COMMON_SETTINGS = ("harness", "preset", "segment", "engine_args", "api_servers", "device", "vllm", "torch")
+COMMON_SETTINGS = (
+    "harness",
+    "preset",
+    "segment",
+    "engine_args",
+    "api_servers",
+    "prompts_per_client",
+    "device",
+    "vllm",
+    "torch",
+)
 
 
 def bench_e2e(
@@ -527,6 +579,8 @@ def bench_e2e(
         "segment": segment,
         "engine_args": list(work.engine_args),
         "api_servers": work.api_servers,
+        # only where not the default: results saved before this key existed still resume
+        **({"prompts_per_client": n} if (n := work.prompts_per_client) != Workload.prompts_per_client else {}),
         **{k: measured_on[k] for k in ("device", "vllm", "torch")},
     }
     baseline = gpu_memory_used()
@@ -663,6 +717,29 @@ def _compiled_in_timed_runs(v: dict, names: list[str]) -> str:
     return ", ".join(points)
 
 
+def _ttft_split(mix: dict, levels: dict[str, dict[int, dict]], names: list[str], concurrencies: list[int]) -> list[str]:
+    """Where the served TTFT went (the levels' `server_mean_ms`, server_split), as a table; none without it."""
+
+    def cell(level: dict) -> str:
+        t = level.get("server_mean_ms", {})
+        if not all(k in t for k in ("ttft", "queue", "prefill")):
+            return "-"
+        return f"{t['ttft']:.1f} = {t['queue']:.1f} + {t['prefill']:.1f} + {t['ttft'] - t['queue'] - t['prefill']:.1f}"
+
+    rows = [[cell(levels[n].get(c, {})) for n in names] for c in concurrencies]
+    if all(x == "-" for row in rows for x in row):
+        return []
+    return [
+        f"**serving {mix['input_len']}/{mix['output_len']}, mean TTFT by the server, ms = waiting in the engine's "
+        "queue + its first scheduling to the first token + outside the engine's steps (API servers, hand-over)**",
+        "",
+        "| clients | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+        *(f"| {c} | " + " | ".join(row) + " |" for c, row in zip(concurrencies, rows, strict=True)),
+        "",
+    ]
+
+
 def markdown(results: dict) -> str:
     v = results["variants"]
     names = [n for n in VARIANTS if n in v]
@@ -676,10 +753,12 @@ def markdown(results: dict) -> str:
         "",
     ]
     if (servers := results.get("api_servers")) and any("serving" in v[n] for n in names):  # none before harness 3
+        per_client = results.get("prompts_per_client") or Workload.prompts_per_client
         lines[-1:-1] = [
             "",
             f"Served through {servers} API server processes (`--api-server-count {servers}`), prefix caching off "
-            f"(`{' '.join(_SERVER_FLAGS)}`); each client level after an untimed round of as many requests.",
+            f"(`{' '.join(_SERVER_FLAGS)}`); each client level's timed requests ({per_client} per client) after an "
+            "untimed round of as many.",
         ]
     spread = {n: _gpus(v[n]) for n in names if _gpus(v[n]) > 1}
     if spread and len(spread) < len(names):  # dense over several GPUs (--dense-tp), sparse on one
@@ -712,6 +791,7 @@ def markdown(results: dict) -> str:
             if any(x is not None for row in rows.values() for x in row.values()):
                 title = f"serving {mix['input_len']}/{mix['output_len']}, {label}"
                 lines += _table(title, ["clients"], rows, names, spec, higher)
+        lines += _ttft_split(mix, levels, names, concurrencies)
     if jit := _compiled_in_timed_runs(v, names):
         lines += [f"**A kernel was still compiled in every timed run** (so these include it): {jit}", ""]
     memory = {n: _memory(v[n]) for n in names}

@@ -67,6 +67,9 @@ def test_bench_e2e_on_tiny_models(tmp_path, monkeypatch, capsys):
         assert r["server_args"][-3:] == ["--no-enable-prefix-caching", "--api-server-count", "2"]
         assert [lv["completed"] for lv in r["serving"]["levels"]] == [2, 4]  # 2 prompts per client
         assert all(lv["median_tpot_ms"] > 0 and lv["p99_ttft_ms"] > 0 for lv in r["serving"]["levels"])
+        for lv in r["serving"]["levels"]:  # where TTFT went, by the server's own histograms
+            t = lv["server_mean_ms"]
+            assert t["ttft"] >= t["prefill"] > 0 and t["queue"] >= 0 and t["decode"] > 0
         measured = r["memory"]["measured"]
         # 32 KV blocks hold 31 sequences (one block is reserved); the engine's estimate said 64: measured wins.
         assert r["memory"]["kv_cache_tokens"] == 4096 and measured["saturated"]
@@ -75,6 +78,7 @@ def test_bench_e2e_on_tiny_models(tmp_path, monkeypatch, capsys):
     assert "| in/out | batch | dense | samoyeds | samoyeds-fp8 | best dense |" in text
     assert "| 32/8 | 4 | " in text and "×) | dense |" in text
     assert "Served through 2 API server processes (`--api-server-count 2`), prefix caching off" in text
+    assert "timed requests (2 per client)" in text and "mean TTFT by the server, ms" in text
     assert "serving 32/8, TPOT p50 ms" in text and "| KV-cache tokens | 4,096 | 4,096 (1.00×) | 4,096 (1.00×) |" in text
     for plot in ("offline-throughput.png", "throughput-vs-concurrency.png", "latency-vs-load.png", "memory.png"):
         assert (tmp_path / plot).stat().st_size > 1000
@@ -99,6 +103,7 @@ def test_a_dense_model_that_cannot_start_is_reported_with_the_reason(tmp_path, m
         "segment": None,
         "engine_args": engine.split(),
         "api_servers": 2,  # RUN's
+        "prompts_per_client": 2,
         **{k: here[k] for k in ("device", "vllm", "torch")},
         "variant": "samoyeds",
         "model": VARIANTS["samoyeds"].model.describe(None),

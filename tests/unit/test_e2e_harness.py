@@ -341,3 +341,34 @@ def test_the_report_names_points_whose_timed_runs_all_compiled():
     results = {"preset": "p", "date": "d", "device": "g", "vllm": "v", "torch": "t", "engine_args": []}
     text = markdown({**results, "variants": {"dense": dense}})
     assert "**A kernel was still compiled in every timed run** (so these include it): dense 128/128 batch 16" in text
+
+
+def test_where_a_served_ttft_went_is_read_from_the_servers_histograms(monkeypatch):
+    """The mean of each interval over the requests that finished during the load, summed over the label sets of
+    every API server process; the report splits TTFT into queue, prefill and the rest."""
+    from samoyeds_vllm.bench import e2e
+
+    def text(requests, ttft, queue, prefill):
+        lines = []
+        for server in ("0", "1"):  # two API server processes, half the requests each
+            for name, total in (
+                ("time_to_first_token_seconds", ttft),
+                ("request_queue_time_seconds", queue),
+                ("request_prefill_time_seconds", prefill),
+            ):
+                labels = f'{{engine="0",model_name="m",pid="{server}"}}'
+                lines += [f"vllm:{name}_sum{labels} {total / 2}", f"vllm:{name}_count{labels} {requests / 2}"]
+        lines.append('vllm:request_decode_time_seconds_bucket{le="+Inf"} 5.0')  # buckets are not the count
+        return "\n".join(lines) + "\n"
+
+    pages = iter([text(4, 0.2, 0.04, 0.08), text(12, 1.0, 0.2, 0.4)])
+    monkeypatch.setattr(e2e, "_metrics", lambda url, timeout=120: next(pages))
+    level = e2e.server_split("http://x", lambda: {"concurrency": 8})
+    assert level["concurrency"] == 8
+    assert level["server_mean_ms"] == pytest.approx({"ttft": 100.0, "queue": 20.0, "prefill": 40.0})  # no decode
+    results = {"preset": "p", "date": "d", "device": "g", "vllm": "v", "torch": "t", "engine_args": []}
+    samoyeds = _result("samoyeds", {1: 300}, tpot=3.0)
+    samoyeds["serving"]["levels"][0]["server_mean_ms"] = level["server_mean_ms"]
+    md = markdown({**results, "variants": {"dense": _result("dense, bf16", {1: 235}, tpot=4.0), "samoyeds": samoyeds}})
+    assert "| 1 | - | 100.0 = 20.0 + 40.0 + 40.0 |" in md
+    assert "mean TTFT by the server" not in markdown({**results, "variants": {"dense": _result("d", {1: 1}, tpot=4)}})
