@@ -463,3 +463,36 @@ def test_nonfinite_weights_are_refused_unless_allowed(tiny_models, tmp_path):
         convert(model, tmp_path / "out", TWO_FOUR, progress=False)
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
     convert(model, tmp_path / "out", TWO_FOUR, allow_nonfinite=True, progress=False)
+
+
+def test_fp8_block_input_with_fused_experts(tmp_path):
+    """Llama-4's layout (every layer's experts fused in one gate_up and one down tensor, dense layers between), its
+    other linears FP8 block-quantized (the fused experts, named without `.weight`, stay in the model's dtype as
+    make-model writes them): the experts are pruned and packed as its dequantized twin's, the other FP8 weights kept
+    as stored (format version 3)."""
+    from samoyeds_vllm.tools.fp8_blocks import Fp8BlockReader
+    from samoyeds_vllm.tools.model_maker import make_model
+
+    block = make_model("llama4_text", "tiny", tmp_path / "block", fp8_block=True, dtype="bfloat16")
+    tensors = read_checkpoint(block)
+    fused = {k for k in tensors if ".experts." in k}
+    assert fused and all(tensors[k].dtype == torch.bfloat16 for k in fused)
+    config = json.loads((block / "config.json").read_text())
+    reader = Fp8BlockReader(convert_module.CheckpointReader(block), config["quantization_config"], torch.bfloat16)
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    save_file({n: reader.get(n) for n in reader.names()}, str(dense / "model.safetensors"))
+    shutil.copy(block / "tokenizer.json", dense)
+    (dense / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "quantization_config"}))
+
+    convert(block, tmp_path / "from-block", SAMOYEDS, progress=False)
+    convert(dense, tmp_path / "from-dense", SAMOYEDS, progress=False)
+    a, b = read_checkpoint(tmp_path / "from-block"), read_checkpoint(tmp_path / "from-dense")
+    experts = {k for k in b if ".experts." in k}
+    assert experts and all(torch.equal(a[k], b[k]) for k in experts)
+    others = {k for k in tensors if ".experts." not in k}
+    assert a.keys() == experts | others
+    assert all(torch.equal(a[k].view(torch.uint8), tensors[k].view(torch.uint8)) for k in others)
+    assert any(a[k].dtype == torch.float8_e4m3fn for k in others)
+    quant = json.loads((tmp_path / "from-block" / "config.json").read_text())["quantization_config"]
+    assert quant["format_version"] == 3 and quant["other_layers"] == config["quantization_config"]

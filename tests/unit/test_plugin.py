@@ -453,6 +453,28 @@ def test_fp8_experts_on_load_are_packed_as_the_converter_packs_them(tmp_path):
             assert torch.equal(getattr(layer, f"{name}_{suffix}"), torch.stack(by_expert)), (name, part)
 
 
+def test_fp8_expert_block_scales_are_created_float32_under_a_bf16_model(monkeypatch):
+    """vLLM builds the layers with the model's dtype as torch's default: block scales made in it (bf16) would
+    dequantize other weights than the checkpoint's, and prune other rows than `convert` does."""
+    monkeypatch.setattr(moe_method, "_check_supported", lambda layer: None)
+    method = object.__new__(moe_method.SamoyedsMoEMethod)
+    method.pattern, method.packed, method.values, method.fp8_block = Pattern.parse("samoyeds", 64), False, None, (
+        128, 128)  # fmt: skip
+    method.moe = SimpleNamespace(moe_parallel_config=SimpleNamespace(tp_size=1), intermediate_size=256)
+    layer = torch.nn.Module()
+    layer.layer_name = "model.layers.0.mlp.experts"
+    layer.moe_config = SimpleNamespace(hidden_dim=256, intermediate_size=256)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        method.create_weights(layer, 4, 256, 256, torch.bfloat16, weight_loader=lambda *args, **kw: None)
+    finally:
+        torch.set_default_dtype(default)
+    assert layer.w13_weight.dtype == layer.w2_weight.dtype == torch.float8_e4m3fn
+    assert layer.w13_weight_scale_inv.shape == (4, 4, 2) and layer.w2_weight_scale_inv.shape == (4, 2, 2)
+    assert layer.w13_weight_scale_inv.dtype == layer.w2_weight_scale_inv.dtype == torch.float32
+
+
 def test_fp8_expert_tensors_checked_as_they_load():
     layer = SimpleNamespace(moe_config=SimpleNamespace(hidden_dim=128, intermediate_size=256))
     loaded = []
