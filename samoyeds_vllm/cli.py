@@ -70,6 +70,7 @@ def _convert(args: argparse.Namespace) -> None:
         calibration=calibration,
         values=_values(args.values),
         allow_nonfinite=args.allow_nonfinite,
+        dequantize_other_layers=args.dequantize_other_layers,
     )
     print(report.table())
     print(f"wrote {args.out_dir}" + (f" and {args.export_dense}" if args.export_dense else ""))
@@ -366,6 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="kept values in the model's dtype (bf16, default) or FP8 e4m3 with one scale per output row",
     )
     p.add_argument("--export-dense", metavar="DIR", help="also write the pruned weights as a dense checkpoint")
+    p.add_argument(
+        "--dequantize-other-layers",
+        action="store_true",
+        help="an FP8 block-quantized input: write its other FP8 layers in the model's dtype (default: kept FP8, "
+        "as stored); for vLLM's CPU build, which has no FP8 block kernels",
+    )
     p.add_argument("--allow-nonfinite", action="store_true", help="convert weights holding NaN or Inf (else refused)")
     p.add_argument("--force", action="store_true", help="replace existing output directories")
     p.set_defaults(func=_convert)

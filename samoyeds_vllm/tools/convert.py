@@ -206,6 +206,7 @@ def convert(
     recovery: dict | None = None,
     values: torch.dtype | None = None,
     allow_nonfinite: bool = False,
+    dequantize_other_layers: bool = False,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     progress: bool = True,
 ) -> ConversionReport:
@@ -213,12 +214,15 @@ def convert(
     to `export_dense`, if given). `calibration` is required by the calibrated methods (wanda, sparsegpt), which
     prune layer by layer (tools/calibration.py). `recovery` records, in quantization_config, that the input is a
     recovered model (tools/recover.py) whose weights already satisfy the pattern. `values` (format.FP8) quantizes the
-    kept values, one scale per output row (format version 2; 3 for an FP8 input, whose other FP8 layers are kept).
-    Raises SamoyedsError, leaving no output, on bad input."""
+    kept values, one scale per output row (format version 2; 3 for an FP8 input, whose other FP8 layers are kept,
+    unless `dequantize_other_layers` writes them in the model's dtype, for vLLM's CPU build, which has no FP8 block
+    kernels). Raises SamoyedsError, leaving no output, on bad input."""
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     if method not in METHODS:
         raise SamoyedsError(f"unknown pruning method {method!r}; choose one of {', '.join(METHODS)}")
     config, arch, reader, fp8_reader = _check_input(in_dir)
+    if dequantize_other_layers and fp8_reader is None:
+        raise SamoyedsError(f"{in_dir} is not FP8 block-quantized: there are no FP8 layers to dequantize")
     kept_fp8 = False  # an FP8 input's other layers hold FP8 weights (else they are all in the model's dtype)
     outputs = [out_dir] + ([Path(export_dense)] if export_dense else [])
     for path in outputs:
@@ -279,10 +283,10 @@ def convert(
                     "damaged (pass --allow-nonfinite to convert it anyway)"
                 )
             if not expert:
-                stored = stored or {name: tensor}
-                kept_fp8 |= len(stored) > 1
-                for stored_name, stored_tensor in stored.items():
-                    writers[0].add(stored_name, stored_tensor)
+                written = {name: tensor} if stored is None or dequantize_other_layers else stored
+                kept_fp8 |= len(written) > 1
+                for written_name, written_tensor in written.items():
+                    writers[0].add(written_name, written_tensor)
                 for writer in writers[1:]:
                     writer.add(name, tensor)
             elif windows is None:

@@ -282,6 +282,14 @@ def test_fp8_values_and_fp8_block_input(tmp_path):
     assert quant["other_layers"] == json.loads((block / "config.json").read_text())["quantization_config"]
     quant = json.loads((tmp_path / "from-dense" / "config.json").read_text())["quantization_config"]
     assert quant["format_version"] == 2 and "other_layers" not in quant
+    # asked to, the other layers are written dequantized: the dense twin's conversion, bit for bit (version 2)
+    convert(block, tmp_path / "dequantized", SAMOYEDS, values=FP8, dequantize_other_layers=True, progress=False)
+    c = read_checkpoint(tmp_path / "dequantized")
+    assert c.keys() == b.keys() and all(torch.equal(c[k].view(torch.uint8), b[k].view(torch.uint8)) for k in b)
+    quant = json.loads((tmp_path / "dequantized" / "config.json").read_text())["quantization_config"]
+    assert quant["format_version"] == 2 and "other_layers" not in quant
+    with pytest.raises(SamoyedsError, match="is not FP8 block-quantized: there are no FP8 layers to dequantize"):
+        convert(dense, tmp_path / "nothing-to-dequantize", SAMOYEDS, dequantize_other_layers=True, progress=False)
     # an FP8 input whose other layers are all unquantized converts as a bf16 one does (version 2)
     experts_only = rewrite_checkpoint(block, tmp_path / "experts-only", fp8_experts_only)
     convert(experts_only, tmp_path / "from-experts-only", SAMOYEDS, values=FP8, progress=False)
@@ -396,11 +404,10 @@ def test_cli_reports_errors_without_traceback(tiny_models, tmp_path):
     )
     assert bad.returncode == 2
     assert "error:" in bad.stderr and "no such directory" in bad.stderr and "Traceback" not in bad.stderr
-    ok = subprocess.run(
-        cli + [str(tiny_models["olmoe"]), str(tmp_path / "out"), "--pattern", "samoyeds", "--segment", "64"],
-        capture_output=True,
-        text=True,
-    )
+    olmoe = [str(tiny_models["olmoe"]), str(tmp_path / "out"), "--pattern", "samoyeds", "--segment", "64"]
+    bad = subprocess.run(cli + olmoe + ["--dequantize-other-layers"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no FP8 layers to dequantize" in bad.stderr and "Traceback" not in bad.stderr
+    ok = subprocess.run(cli + olmoe, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "sparsity" in ok.stdout and "75.00%" in ok.stdout
     assert "converting" in ok.stderr  # the progress bar
