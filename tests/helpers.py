@@ -50,6 +50,21 @@ def fp8_experts_only(tensors, config):
         quant["modules_to_not_convert"].append(weight.removesuffix(".weight"))
 
 
+def dense_twin(block: Path, out: Path) -> Path:
+    """The dense checkpoint an FP8 block-quantized one stands for, written to `out`: every FP8 tensor dequantized to
+    the model's dtype, config.json without the quantization_config, the tokenizer copied."""
+    from samoyeds_vllm.tools.fp8_blocks import Fp8BlockReader
+
+    config = json.loads((block / "config.json").read_text())
+    quant = config.pop("quantization_config")
+    reader = Fp8BlockReader(CheckpointReader(block), quant, DTYPES[config["torch_dtype"]])
+    out.mkdir()
+    save_file({n: reader.get(n) for n in reader.names()}, str(out / "model.safetensors"))
+    shutil.copy(block / "tokenizer.json", out)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
 def leftovers(parent: Path) -> list[str]:
     """Temporary directories an interrupted write could have left next to its target."""
     return sorted(p.name for p in parent.iterdir() if ".partial-" in p.name or ".replaced-" in p.name)

@@ -20,7 +20,8 @@ is back, so each sizes its KV cache on the same free memory):
 - serving: `vllm serve` (API_SERVERS API server processes, prefix caching off: _SERVER_FLAGS) under `vllm bench
   serve` (random tokens, `--ignore-eos`) at each client concurrency C: first an untimed round of C x
   prompts-per-client requests at concurrency C (the same prefill and decode batch shapes), then the timed run of
-  as many (again if it compiled a kernel, as offline); output tokens/s, TTFT and TPOT (mean, median, p99). Every
+  as many (again if it compiled a kernel, as offline); output tokens/s, TTFT and TPOT (mean, median, p99), and
+  the server's own mean TTFT, queue, prefill and decode time per request from its /metrics (server_split). Every
   call draws other random prompts (its own seed);
 - capacity: model weight memory and KV-cache size from the engine log, and the largest number of concurrent
   sequences of a given length served without preemption, measured by probing concurrencies around vLLM's own
@@ -312,6 +313,7 @@ def _metric_total(text: str, metric: str) -> float:
 #: API server sees it (arrival to first token out), and the engine's own intervals, waiting in its queue, from its
 #: first scheduling to its first token, and from there to its last. TTFT less queue and prefill is what lies
 #: outside the engine's step loop: the API servers (tokenizing, handing the request over) and the hops between.
+#: Decode is recorded beside them (the report shows the TTFT split only).
 SERVER_TIMES = {
     "ttft": "time_to_first_token_seconds",
     "queue": "request_queue_time_seconds",

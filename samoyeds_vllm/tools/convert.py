@@ -5,7 +5,8 @@ FP8 when asked; every other tensor is copied unchanged; config.json gains a `qua
 load it with the `samoyeds` method. A block-quantized FP8 input (DeepSeek-V3, Qwen3-*-FP8) is read dequantized
 (tools/fp8_blocks.py): its experts are pruned from the weights it stands for, and its other FP8 weights are copied
 with their block scales (format version 3), so they load as the dense FP8 model's do (vLLM's FP8 block GEMMs) and as
-sparsifying that checkpoint on load gives them; the dense export (--export-dense) holds them dequantized.
+sparsifying that checkpoint on load gives them (or, with `dequantize_other_layers`, in the model's dtype, format
+version 1 / 2); the dense export (--export-dense) holds them dequantized.
 Everything is checked before anything is written, tensors stream one at a time, and the output appears only
 when complete.
 """
@@ -273,9 +274,10 @@ def convert(
 
         for name in tqdm(reader.names(), desc="converting", unit="tensor", disable=not progress):
             expert = expert_re.match(name)
-            # an FP8 input's other layers are copied as stored (read once, dequantized for the checks and export)
-            stored = fp8_reader.stored(name) if fp8_reader and not expert else None
-            tensor = reader.get(name) if stored is None else fp8_reader.dense(name, stored)
+            # an FP8 input's other layers are read once as stored; dense() gives the tensor checked, exported, and
+            # written with dequantize_other_layers
+            as_stored = fp8_reader.stored(name) if fp8_reader and not expert else None
+            tensor = reader.get(name) if as_stored is None else fp8_reader.dense(name, as_stored)
             if not allow_nonfinite and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 bad = int((~torch.isfinite(tensor)).sum())
                 raise CheckpointError(
@@ -283,7 +285,7 @@ def convert(
                     "damaged (pass --allow-nonfinite to convert it anyway)"
                 )
             if not expert:
-                written = {name: tensor} if stored is None or dequantize_other_layers else stored
+                written = {name: tensor} if as_stored is None or dequantize_other_layers else as_stored
                 kept_fp8 |= len(written) > 1
                 for written_name, written_tensor in written.items():
                     writers[0].add(written_name, written_tensor)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import fp8_experts_only, leftovers, read_checkpoint, rewrite_checkpoint
+from helpers import dense_twin, fp8_experts_only, leftovers, read_checkpoint, rewrite_checkpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -245,7 +245,6 @@ def test_fp8_values_and_fp8_block_input(tmp_path):
     block-quantized input prunes and packs its experts exactly as the dense checkpoint it stands for, and keeps its
     other FP8 weights as stored (format version 3, the input's FP8 config in other_layers)."""
     from samoyeds_vllm.format import FP8
-    from samoyeds_vllm.tools.fp8_blocks import Fp8BlockReader
     from samoyeds_vllm.tools.model_maker import make_model
 
     block = make_model("qwen3_moe", "tiny", tmp_path / "block", fp8_block=True, dtype="bfloat16")
@@ -254,14 +253,7 @@ def test_fp8_values_and_fp8_block_input(tmp_path):
     tensors = read_checkpoint(block)
     assert tensors["model.layers.0.self_attn.q_proj.weight"].dtype == FP8
     assert tensors["model.layers.0.mlp.gate.weight"].dtype == torch.bfloat16  # routers stay unquantized
-    # its dense twin: every FP8 tensor dequantized
-    reader = Fp8BlockReader(convert_module.CheckpointReader(block), block_config["quantization_config"], torch.bfloat16)
-    dense = tmp_path / "dense"
-    dense.mkdir()
-    save_file({n: reader.get(n) for n in reader.names()}, str(dense / "model.safetensors"))
-    shutil.copy(block / "tokenizer.json", dense)
-    del block_config["quantization_config"]
-    (dense / "config.json").write_text(json.dumps(block_config))
+    dense = dense_twin(block, tmp_path / "dense")  # every FP8 tensor dequantized
 
     report = convert(
         block, tmp_path / "from-block", SAMOYEDS, values=FP8, export_dense=tmp_path / "block-pruned", progress=False
@@ -477,7 +469,6 @@ def test_fp8_block_input_with_fused_experts(tmp_path):
     other linears FP8 block-quantized (the fused experts, named without `.weight`, stay in the model's dtype as
     make-model writes them): the experts are pruned and packed as its dequantized twin's, the other FP8 weights kept
     as stored (format version 3)."""
-    from samoyeds_vllm.tools.fp8_blocks import Fp8BlockReader
     from samoyeds_vllm.tools.model_maker import make_model
 
     block = make_model("llama4_text", "tiny", tmp_path / "block", fp8_block=True, dtype="bfloat16")
@@ -485,12 +476,7 @@ def test_fp8_block_input_with_fused_experts(tmp_path):
     fused = {k for k in tensors if ".experts." in k}
     assert fused and all(tensors[k].dtype == torch.bfloat16 for k in fused)
     config = json.loads((block / "config.json").read_text())
-    reader = Fp8BlockReader(convert_module.CheckpointReader(block), config["quantization_config"], torch.bfloat16)
-    dense = tmp_path / "dense"
-    dense.mkdir()
-    save_file({n: reader.get(n) for n in reader.names()}, str(dense / "model.safetensors"))
-    shutil.copy(block / "tokenizer.json", dense)
-    (dense / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "quantization_config"}))
+    dense = dense_twin(block, tmp_path / "dense")
 
     convert(block, tmp_path / "from-block", SAMOYEDS, progress=False)
     convert(dense, tmp_path / "from-dense", SAMOYEDS, progress=False)

@@ -458,8 +458,8 @@ def test_fp8_expert_block_scales_are_created_float32_under_a_bf16_model(monkeypa
     dequantize other weights than the checkpoint's, and prune other rows than `convert` does."""
     monkeypatch.setattr(moe_method, "_check_supported", lambda layer: None)
     method = object.__new__(moe_method.SamoyedsMoEMethod)
-    method.pattern, method.packed, method.values, method.fp8_block = Pattern.parse("samoyeds", 64), False, None, (
-        128, 128)  # fmt: skip
+    method.pattern, method.packed, method.values = Pattern.parse("samoyeds", 64), False, None
+    method.fp8_block = (128, 128)
     method.moe = SimpleNamespace(moe_parallel_config=SimpleNamespace(tp_size=1), intermediate_size=256)
     layer = torch.nn.Module()
     layer.layer_name = "model.layers.0.mlp.experts"
