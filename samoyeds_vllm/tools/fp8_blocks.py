@@ -1,8 +1,7 @@
 """Block-quantized FP8 checkpoints (DeepSeek-V3, Qwen3-*-FP8; format/fp8_blocks.py describes them): the input side
 of conversion. The converter reads their experts dequantized (`Fp8BlockReader.get`) and prunes and packs them as
 from a dense checkpoint, and copies their other FP8 weights as stored (`Fp8BlockReader.stored`; or dequantized, when
-asked); `quantize_blocks`
-writes such checkpoints (make-model --fp8-block), so tests have them without downloads.
+asked); `quantize_blocks` writes such checkpoints (make-model --fp8-block), so tests have them without downloads.
 """
 
 from __future__ import annotations
