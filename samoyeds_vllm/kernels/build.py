@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+from collections.abc import Callable
 from importlib import resources
 
 import torch
@@ -87,6 +88,22 @@ def kernel(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, name: str
     if shared_bytes:
         function.max_dynamic_shared_size_bytes = shared_bytes
     return function
+
+
+@functools.cache
+def occupancy(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False) -> Callable[[str, int, int], int]:
+    """plan.Occupancy for the kernels of one module: blocks per SM from the driver's occupancy calculator, which
+    knows the compiled kernel's registers as well as its shared memory. Call it inside cupy.cuda.Device of the
+    GPU."""
+
+    @functools.cache
+    def blocks_per_sm(name: str, threads: int, shared_bytes: int) -> int:
+        import cupy
+
+        function = kernel(dtype, pattern, arch, fp8, name, shared_bytes)
+        return cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.kernel.ptr, threads, shared_bytes)
+
+    return blocks_per_sm
 
 
 def launch(kernel, grid: tuple[int, ...], threads: int, shared_bytes: int, stream: int, args: int) -> None:

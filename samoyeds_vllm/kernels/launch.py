@@ -52,7 +52,10 @@ def moe_experts(
         raise SamoyedsError(f"the routing index handles at most {MAX_EXPERTS} experts per layer, not {num_experts}")
     shape = LayerShape(x.shape[0], topk_ids.shape[1], num_experts, x.shape[1], dense_shape(w2)[1])
     fp8 = w13.scale is not None
-    plan = plan_moe(shape, pattern, x.dtype, device, fp8)
+    import cupy
+
+    with cupy.cuda.Device(x.device.index):  # the occupancy of kernels compiled in this device's context
+        plan = plan_moe(shape, pattern, x.dtype, device, fp8, build.occupancy(x.dtype, pattern, device.arch, fp8))
     slots = shape.slots
 
     x = x.contiguous()
@@ -106,8 +109,6 @@ def moe_experts(
             out=ptr(out),
         )
     )
-
-    import cupy
 
     # cuLaunchKernel's kernelParams: the address of each argument (one: the struct, passed by value)
     arg_addresses = np.array([params.ctypes.data], dtype=np.uintp)

@@ -15,7 +15,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -40,9 +40,13 @@ LONG_K_TILES = 64  # GEMMs this long (k tiles) want two blocks per SM before the
 NARROW_TILES = (8, 16, 32)  # token tiles of decode batches (mma.sp)
 WIDE_BN = 64  # token tiles this wide take the larger block shapes (wgmma on Hopper)
 WS_WIDE_BN = 128  # 2:4 token tiles on Hopper (ws kernel) for batches past WIDE_BN slots per expert
+TAIL_FROM_WAVES = 1.05  # decode grids past this many waves of the preferred block shape may take another (decode_block)
 HOPPER_WIDE_FROM = 16  # average slots per expert from which Hopper takes WIDE_BN tiles (token_tile_heuristic)
 ROUTE_CHUNKED_FROM = 4 * ROUTE_CHUNK  # batches with at least this many slots count and scatter over many blocks
 MIN_ROW_BLOCK = SLAB_ROWS * 4  # the smallest block (4 warps, one slab): weight rows come in whole blocks of it
+# (kernel name, threads, dynamic shared bytes) -> blocks of it that one SM holds at once (build.occupancy: the
+# driver's calculator, from the compiled kernel's registers and shared memory)
+Occupancy = Callable[[str, int, int], int]
 CONFIG_DIR_ENV = "SAMOYEDS_KERNEL_CONFIG_DIR"
 ARCH_ENV = "SAMOYEDS_KERNEL_ARCH"
 
@@ -243,9 +247,13 @@ def block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool) -
     --search blocks` times it again): ws 2049 against wgmma 2221-2331 (samoyeds), 3282 against 3425-3610 (2:4);
     among the wgmma shapes GEMM 1 4 warps 2836 against 8 warps 2896, GEMM 2 2 slabs 2896 against 1 slab 3569;
     mma.sp GEMM 2 2 slabs 3417 against 1 slab 4001, mma.sp GEMM 1 8 warps 3438 against 4 warps 3491 for samoyeds,
-    5214 against 5000 for 2:4. FP8 values run the same shapes (their A fragments made in registers)."""
+    5214 against 5000 for 2:4. FP8 values run the same shapes (their A fragments made in registers).
+    Decode tiles compile two shapes per GEMM, of 64 and 128 rows, for the plan to size its grid's waves with
+    (decode_block)."""
     if token_tile < WIDE_BN:
-        return [BlockShape("mma", 4, 2 if gate_up else 1)]
+        if gate_up:
+            return [BlockShape("mma", 4, 2), BlockShape("mma", 8, 2)]
+        return [BlockShape("mma", 4, 1), BlockShape("mma", 4, 2)]
     if token_tile == WS_WIDE_BN:
         return [BlockShape("ws", 8, 2)]
     if hopper:  # the warp-specialised kernel where 128-row blocks divide the rows (not Qwen1.5's 704 gate rows)
@@ -277,6 +285,19 @@ def splits_heuristic(row_blocks: int, slots: int, num_experts: int, token_tile: 
     if blocks >= wanted:
         return 1
     return max(1, min(math.ceil(1.5 * wanted / blocks), MAX_SPLITS, k_tiles // 4))
+
+
+def expected_tiles(slots: int, num_experts: int, token_tile: int) -> float:
+    """Token tiles with work under uniform routing: an expert's slots are ~Poisson(slots / E), in ceil(c / tile)
+    tiles (a shape, so no host sync; skewed routing makes more)."""
+    mean = slots / max(num_experts, 1)
+    if mean > 100:  # only partial tiles are left to count, about half a tile per expert
+        return slots / token_tile + num_experts / 2
+    total, p = 0.0, math.exp(-mean)
+    for c in range(1, int(mean + 10 * math.sqrt(mean) + 10)):
+        p *= mean / c
+        total += p * -(-c // token_tile)
+    return num_experts * total
 
 
 def fp8_activations_allowed(block: BlockShape, pattern: Pattern, fp8: bool) -> bool:
@@ -344,16 +365,30 @@ class MoEPlan:
     silu_grid: tuple[int, int, int]
 
 
-def plan_moe(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, fp8: bool = False) -> MoEPlan:
+def plan_moe(
+    shape: LayerShape,
+    pattern: Pattern,
+    dtype: torch.dtype,
+    device: Device,
+    fp8: bool = False,
+    occupancy: Occupancy | None = None,
+) -> MoEPlan:
     """The plan of a forward: `override_config`, else the tuned table, else the heuristics (cached per shape).
-    dtype: the activations'; fp8: the values are FP8 (else of dtype)."""
+    dtype: the activations'; fp8: the values are FP8 (else of dtype); occupancy: the compiled kernels' blocks per
+    SM, with which decode tiles choose their block shapes (decode_block; without it, the first compiled shape)."""
     config = _override.get() or tuned_config(shape, pattern, dtype, device, fp8) or KernelConfig()
-    return _plan(shape, pattern, dtype, device, config, fp8)
+    return _plan(shape, pattern, dtype, device, config, fp8, occupancy)
 
 
 @functools.lru_cache(maxsize=4096)
 def _plan(
-    shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, config: KernelConfig, fp8: bool = False
+    shape: LayerShape,
+    pattern: Pattern,
+    dtype: torch.dtype,
+    device: Device,
+    config: KernelConfig,
+    fp8: bool = False,
+    occupancy: Occupancy | None = None,
 ) -> MoEPlan:
     samoyeds, hopper = pattern.is_samoyeds, device.hopper
     rows13, rows2 = shape.packed_rows(pattern)
@@ -386,12 +421,41 @@ def _plan(
                 raise SamoyedsError(
                     f"{rows} rows are not whole {MIN_ROW_BLOCK}-row blocks (supports() admits only those)"
                 )
-            block = fitting[0]
-        elif block not in fitting:
+            if occupancy is None or token_tile >= WIDE_BN:
+                return sized(gate_up, gemm_config, fitting[0])
+            return decode_block([sized(gate_up, gemm_config, b) for b in fitting])
+        if block not in fitting:
             raise SamoyedsError(
                 f"kernel config: {what} block {block} is not compiled for token tile {token_tile} or does not divide "
                 f"its {rows} rows (compiled and fitting: {fitting})"
             )
+        return sized(gate_up, gemm_config, block)
+
+    def decode_block(candidates: list[GemmPlan]) -> GemmPlan:
+        """A decode GEMM whose preferred (first) block shape makes more than one wave of blocks takes the shape that
+        wastes least on a partial last wave: least ceil(waves) / waves, ties to the earlier. The decode GEMMs stream
+        weights, and the few blocks of a last wave leave most of the memory system idle (H100, Qwen3 samoyeds FP8
+        T = 64: 780 gate/up blocks of 4 warps, 5 per SM, took 62 of the layer's 102 µs at 2.0 TB/s; 8-warp blocks,
+        3 per SM, in one wave of 390: the layer in 88 µs). The waves count the tiles uniform routing is expected to
+        keep busy, so a grid just past one wave (up to TAIL_FROM_WAVES) keeps the preferred shape: at Qwen3 T = 32
+        (1.006 waves expected, 0.98 in the run) 8-warp gate/up blocks took 82.1 µs against 78.9. Grids within one
+        wave keep it too: there the rule's choice, often a shape with a larger split-K factor, was slower (Qwen3
+        T = 4 35.7 against 33.7, Mixtral T = 1 62.3 against 58.6). H100, FP8 values, µs of the layer, preferred
+        shapes against the rule's: Qwen3 samoyeds T = 16 / 48 / 64 63.2 / 98.7 / 102.3 against 61.5 / 85.3 / 88.8,
+        Mixtral T = 8 155.6 against 146.3, Qwen3-235B T = 16 / 64 194.5 / 292.9 against 191.5 / 279.1; elsewhere
+        within 1% (benchmarks/results/decode-blocks-h100/)."""
+        busy_tiles = expected_tiles(slots, shape.num_experts, token_tile)
+
+        def waves(g: GemmPlan) -> float:
+            return g.row_blocks * busy_tiles * g.splits / (occupancy(g.kernel, g.threads, g.shared_bytes) * device.sms)
+
+        if waves(candidates[0]) <= TAIL_FROM_WAVES:
+            return candidates[0]
+        return min(candidates, key=lambda g: math.ceil(waves(g)) / waves(g))
+
+    def sized(gate_up: bool, gemm_config: GemmConfig, block: BlockShape) -> GemmPlan:
+        what = "gate/up" if gate_up else "down"
+        rows, k = (rows13 // 2, shape.hidden) if gate_up else (rows2, shape.inter)
         row_blocks = rows // block.rows(gate_up)
         k_tiles = k // BK
         splits = gemm_config.splits

@@ -12,7 +12,7 @@ from samoyeds_vllm import kernels
 from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.format import FP8, Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape
-from samoyeds_vllm.kernels.plan import block_shapes, device_of
+from samoyeds_vllm.kernels.plan import block_shapes, device_of, token_tiles
 from samoyeds_vllm.tools.moe_problem import (
     BF16_TOLERANCE,
     FP8_ACTIVATIONS_TOLERANCE,
@@ -95,7 +95,7 @@ def test_kernels_of_gpus_before_hopper(pattern, monkeypatch):
 
 def _every_block_shape(pattern: Pattern, gate_up: bool) -> list[tuple[int, GemmConfig]]:
     hopper = device_of(torch.device("cuda")).hopper
-    tiles = (64, 128) if hopper and not pattern.is_samoyeds else (64,)
+    tiles = token_tiles(pattern.is_samoyeds, hopper)
     return [
         (bn, GemmConfig(b.kind, b.warps, b.slabs))
         for bn in tiles
@@ -106,8 +106,8 @@ def _every_block_shape(pattern: Pattern, gate_up: bool) -> list[tuple[int, GemmC
 @pytest.mark.parametrize("values", [None, FP8], ids=["values-bf16", "values-fp8"])
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_every_block_shape_through_kernel_configs(pattern, values):
-    """Each compiled wide-tile block shape of each GEMM, forced by override_config, is correct (the shapes a tuned
-    table may pick; the heuristics pick only the first), for values of the activations' dtype and FP8 values."""
+    """Each compiled block shape of each GEMM at each token tile, forced by override_config, is correct (the shapes
+    a tuned table or the decode blocks' wave rule may pick), for values of the activations' dtype and FP8 values."""
     shape, pattern = preset_shape("qwen3-30b-a3b"), PATTERNS[pattern]
     problem = make_problem(shape, pattern, 1024, seed=6, values=values)
     refs = {}  # by the GEMMs that quantize their activations (FP8 values in ws blocks)
@@ -229,12 +229,15 @@ def test_fp8_values_before_hopper(pattern, monkeypatch):
     check(preset_shape("qwen3-30b-a3b"), PATTERNS[pattern], 2048, seed=3, values=FP8)
 
 
-def test_fp8_values_close_to_their_unquantized_layer():
-    """Quantization error of the whole layer: FP8 values against the same pruned weights in bf16."""
+@pytest.mark.parametrize("tokens, bound", [(64, 0.05), (1024, 0.07)])
+def test_fp8_values_close_to_their_unquantized_layer(tokens, bound):
+    """Quantization error of the whole layer: FP8 values against the same pruned weights in bf16. Decode kernels
+    multiply bf16 activations (4.6e-2 measured); the ws kernel FP8 copies of them too (6.5e-2 on an H100), still
+    under vLLM's FP8 dense MoE against bf16 dense on the same inputs (6.5-7.1e-2, docs/benchmarks.md)."""
     shape, pattern = preset_shape("qwen3-30b-a3b"), PATTERNS["samoyeds"]
-    fp8 = make_problem(shape, pattern, 256, seed=9, values=FP8)
-    bf16 = make_problem(shape, pattern, 256, seed=9)
-    assert relative_error(run_sparse(fp8), reference(bf16)) < 0.05
+    fp8 = make_problem(shape, pattern, tokens, seed=9, values=FP8)
+    bf16 = make_problem(shape, pattern, tokens, seed=9)
+    assert relative_error(run_sparse(fp8), reference(bf16)) < bound
 
 
 def test_fp8_values_in_the_checkpoint_order_are_refused():

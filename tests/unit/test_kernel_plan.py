@@ -159,6 +159,42 @@ def test_fp8_activations_only_where_the_fp8_mmas_run():
         assert not [k for k in names if "quantize_rows" in k or ("moe_gemm_ws" in k and k.endswith(", true>"))]
 
 
+def _h100_occupancy(name: str, threads: int, shared_bytes: int) -> int:
+    """Blocks per SM as shared memory allows on an H100 (228 KB, 1 KB per block for the driver, the kernel's static
+    ~0.4 KB): what the driver's calculator gave for the FP8 decode kernels there (5 / 3 for gate/up blocks of 4 / 8
+    warps at 8-token tiles, 9 / 5 for down blocks of one / two slabs)."""
+    return 233472 // (shared_bytes + 1024 + 416)
+
+
+@pytest.mark.parametrize(
+    "tokens, gate_up, down",
+    [
+        (1, BlockShape("mma", 4, 2), BlockShape("mma", 4, 1)),  # within one wave: the preferred shapes
+        (4, BlockShape("mma", 4, 2), BlockShape("mma", 4, 1)),
+        (16, BlockShape("mma", 4, 2), BlockShape("mma", 4, 2)),  # down: 1294 blocks of one slab are 1.09 waves
+        (64, BlockShape("mma", 8, 2), BlockShape("mma", 4, 1)),  # gate/up: 770 blocks of 4 warps are 1.17 waves
+    ],
+)
+def test_decode_blocks_fill_whole_waves(tokens, gate_up, down):
+    """With the kernels' occupancy, decode tiles take the block shape whose grid wastes least on a partial last
+    wave; without it, the first compiled shape."""
+    shape = LayerShape(tokens, **QWEN3)
+    plan = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy)
+    assert (plan.gate_up.block, plan.down.block) == (gate_up, down)
+    blind = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, True)
+    assert (blind.gate_up.block, blind.down.block) == (BlockShape("mma", 4, 2), BlockShape("mma", 4, 1))
+    wide = plan_moe(LayerShape(4096, **QWEN3), SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy)
+    assert wide.gate_up.block == BlockShape("ws", 8, 2)  # wide tiles keep their preferred shape
+
+
+def test_expected_tiles():
+    # Qwen3 at T = 64: 4 slots per expert on average, 8-token tiles: about one tile per expert (the routing of the
+    # H100 run gave 130)
+    assert kernel_plan.expected_tiles(512, 128, 8) == pytest.approx(128.4, abs=0.1)
+    assert kernel_plan.expected_tiles(1, 128, 8) == pytest.approx(1.0, abs=0.01)
+    assert kernel_plan.expected_tiles(200 * 8, 8, 16) == 200 * 8 / 16 + 4  # past the Poisson sum
+
+
 def test_rows_off_the_ws_blocks_fall_back_to_the_one_warpgroup_kernel():
     """Qwen1.5's 704 gate rows per half (samoyeds: 352) are not whole 128-row blocks: wgmma, 64-row blocks."""
     plan = plan_moe(LayerShape(4096, 4, 60, 2048, 1408), SAMOYEDS, torch.bfloat16, H100)
