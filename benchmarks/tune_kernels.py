@@ -44,7 +44,7 @@ def candidates(
             out.append((f"splits {z1},{z2}", KernelConfig(gate_up=GemmConfig(splits=z1), down=GemmConfig(splits=z2))))
     if search in ("blocks", "all"):
         for gate_up in (True, False):
-            for b in block_shapes(plan.token_tile, gate_up, samoyeds, hopper):
+            for b in block_shapes(plan.token_tile, gate_up, samoyeds, hopper, fp8):
                 gemm = GemmConfig(b.kind, b.warps, b.slabs)
                 config = (
                     KernelConfig(plan.token_tile, gate_up=gemm) if gate_up else KernelConfig(plan.token_tile, down=gemm)

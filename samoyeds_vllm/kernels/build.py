@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-from collections.abc import Callable
 from importlib import resources
 
 import torch
@@ -21,7 +20,7 @@ import torch
 from ..errors import SamoyedsError
 from ..format import Pattern
 from .geometry import CTYPES
-from .plan import compiled_kernels
+from .plan import Occupancy, compiled_kernels
 
 MAIN_SOURCE = "samoyeds_moe.cu"
 
@@ -91,17 +90,20 @@ def kernel(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, name: str
 
 
 @functools.cache
-def occupancy(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False) -> Callable[[str, int, int], int]:
+def occupancy(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False) -> Occupancy:
     """plan.Occupancy for the kernels of one module: blocks per SM from the driver's occupancy calculator, which
-    knows the compiled kernel's registers as well as its shared memory. Call it inside cupy.cuda.Device of the
-    GPU."""
+    knows the compiled kernel's registers as well as its shared memory; 0 for a kernel whose shared memory the GPU
+    cannot give. The returned function must be called inside cupy.cuda.Device of the GPU."""
 
     @functools.cache
     def blocks_per_sm(name: str, threads: int, shared_bytes: int) -> int:
         import cupy
 
-        function = kernel(dtype, pattern, arch, fp8, name, shared_bytes)
-        return cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.kernel.ptr, threads, shared_bytes)
+        try:
+            function = kernel(dtype, pattern, arch, fp8, name, shared_bytes).kernel.ptr
+            return cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function, threads, shared_bytes)
+        except cupy.cuda.driver.CUDADriverError:
+            return 0
 
     return blocks_per_sm
 

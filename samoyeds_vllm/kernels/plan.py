@@ -41,11 +41,13 @@ NARROW_TILES = (8, 16, 32)  # token tiles of decode batches (mma.sp)
 WIDE_BN = 64  # token tiles this wide take the larger block shapes (wgmma on Hopper)
 WS_WIDE_BN = 128  # 2:4 token tiles on Hopper (ws kernel) for batches past WIDE_BN slots per expert
 TAIL_FROM_WAVES = 1.05  # decode grids past this many waves of the preferred block shape may take another (decode_block)
+TAIL_GAIN = 0.95  # ... if its ceil(waves) / waves is below this fraction of the preferred shape's
 HOPPER_WIDE_FROM = 16  # average slots per expert from which Hopper takes WIDE_BN tiles (token_tile_heuristic)
 ROUTE_CHUNKED_FROM = 4 * ROUTE_CHUNK  # batches with at least this many slots count and scatter over many blocks
 MIN_ROW_BLOCK = SLAB_ROWS * 4  # the smallest block (4 warps, one slab): weight rows come in whole blocks of it
 # (kernel name, threads, dynamic shared bytes) -> blocks of it that one SM holds at once (build.occupancy: the
-# driver's calculator, from the compiled kernel's registers and shared memory)
+# driver's calculator, from the compiled kernel's registers and shared memory). Plans are cached with it, so it must
+# be hashable and give the same answers for the life of the process.
 Occupancy = Callable[[str, int, int], int]
 CONFIG_DIR_ENV = "SAMOYEDS_KERNEL_CONFIG_DIR"
 ARCH_ENV = "SAMOYEDS_KERNEL_ARCH"
@@ -240,20 +242,21 @@ def token_tiles(samoyeds: bool, hopper: bool) -> tuple[int, ...]:
     return (*NARROW_TILES, WIDE_BN) + ((WS_WIDE_BN,) if hopper and not samoyeds else ())
 
 
-def block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool) -> list[BlockShape]:
+def block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool, fp8: bool = False) -> list[BlockShape]:
     """The block shapes compiled for a token tile, preferred first. GEMM 2 stacks two slabs on wide batches so each
-    B fragment feeds two MMAs, as in GEMM 1; decode keeps small 4-warp blocks, so more of them fill the GPU.
+    B fragment feeds two MMAs, as in GEMM 1; decode prefers small 4-warp blocks, so more of them fill the GPU.
     The order is measured (H100, Qwen3 shape, T = 16384, µs of the whole layer; `benchmarks/tune_kernels.py
     --search blocks` times it again): ws 2049 against wgmma 2221-2331 (samoyeds), 3282 against 3425-3610 (2:4);
     among the wgmma shapes GEMM 1 4 warps 2836 against 8 warps 2896, GEMM 2 2 slabs 2896 against 1 slab 3569;
     mma.sp GEMM 2 2 slabs 3417 against 1 slab 4001, mma.sp GEMM 1 8 warps 3438 against 4 warps 3491 for samoyeds,
     5214 against 5000 for 2:4. FP8 values run the same shapes (their A fragments made in registers).
-    Decode tiles compile two shapes per GEMM, of 64 and 128 rows, for the plan to size its grid's waves with
-    (decode_block)."""
+    Samoyeds decode tiles with FP8 values on Hopper, where it was measured, compile a second shape per GEMM, of 128
+    rows, for the plan to size its grid's waves with (decode_block); six kernels more for that module to compile."""
     if token_tile < WIDE_BN:
+        wave_sized = samoyeds and hopper and fp8
         if gate_up:
-            return [BlockShape("mma", 4, 2), BlockShape("mma", 8, 2)]
-        return [BlockShape("mma", 4, 1), BlockShape("mma", 4, 2)]
+            return [BlockShape("mma", 4, 2)] + ([BlockShape("mma", 8, 2)] if wave_sized else [])
+        return [BlockShape("mma", 4, 1)] + ([BlockShape("mma", 4, 2)] if wave_sized else [])
     if token_tile == WS_WIDE_BN:
         return [BlockShape("ws", 8, 2)]
     if hopper:  # the warp-specialised kernel where 128-row blocks divide the rows (not Qwen1.5's 704 gate rows)
@@ -264,9 +267,11 @@ def block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool) -
     return [BlockShape("mma", 4, 2), BlockShape("mma", 4, 1)]
 
 
-def fitting_block_shapes(token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int) -> list[BlockShape]:
+def fitting_block_shapes(
+    token_tile: int, gate_up: bool, samoyeds: bool, hopper: bool, rows: int, fp8: bool = False
+) -> list[BlockShape]:
     """The compiled block shapes whose blocks divide the rows (gate/up: the rows of one half), preferred first."""
-    shapes = block_shapes(token_tile, gate_up, samoyeds, hopper)
+    shapes = block_shapes(token_tile, gate_up, samoyeds, hopper, fp8)
     return [shape for shape in shapes if rows % shape.rows(gate_up) == 0]
 
 
@@ -413,7 +418,7 @@ def _plan(
 
     def gemm(gate_up: bool, gemm_config: GemmConfig) -> GemmPlan:
         rows, k = (rows13 // 2, shape.hidden) if gate_up else (rows2, shape.inter)
-        fitting = fitting_block_shapes(token_tile, gate_up, samoyeds, hopper, rows)
+        fitting = fitting_block_shapes(token_tile, gate_up, samoyeds, hopper, rows, fp8)
         what = "gate/up" if gate_up else "down"
         block = gemm_config.block
         if block is None:
@@ -421,41 +426,44 @@ def _plan(
                 raise SamoyedsError(
                     f"{rows} rows are not whole {MIN_ROW_BLOCK}-row blocks (supports() admits only those)"
                 )
-            if occupancy is None or token_tile >= WIDE_BN:
-                return sized(gate_up, gemm_config, fitting[0])
-            return decode_block([sized(gate_up, gemm_config, b) for b in fitting])
+            if occupancy is None or len(fitting) == 1:
+                return sized(gate_up, gemm_config, fitting[0], rows, k)
+            return decode_block([sized(gate_up, gemm_config, b, rows, k) for b in fitting])
         if block not in fitting:
             raise SamoyedsError(
                 f"kernel config: {what} block {block} is not compiled for token tile {token_tile} or does not divide "
                 f"its {rows} rows (compiled and fitting: {fitting})"
             )
-        return sized(gate_up, gemm_config, block)
+        return sized(gate_up, gemm_config, block, rows, k)
 
     def decode_block(candidates: list[GemmPlan]) -> GemmPlan:
-        """A decode GEMM whose preferred (first) block shape makes more than one wave of blocks takes the shape that
-        wastes least on a partial last wave: least ceil(waves) / waves, ties to the earlier. The decode GEMMs stream
-        weights, and the few blocks of a last wave leave most of the memory system idle (H100, Qwen3 samoyeds FP8
-        T = 64: 780 gate/up blocks of 4 warps, 5 per SM, took 62 of the layer's 102 µs at 2.0 TB/s; 8-warp blocks,
-        3 per SM, in one wave of 390: the layer in 88 µs). The waves count the tiles uniform routing is expected to
-        keep busy, so a grid just past one wave (up to TAIL_FROM_WAVES) keeps the preferred shape: at Qwen3 T = 32
-        (1.006 waves expected, 0.98 in the run) 8-warp gate/up blocks took 82.1 µs against 78.9. Grids within one
-        wave keep it too: there the rule's choice, often a shape with a larger split-K factor, was slower (Qwen3
-        T = 4 35.7 against 33.7, Mixtral T = 1 62.3 against 58.6). H100, FP8 values, µs of the layer, preferred
-        shapes against the rule's: Qwen3 samoyeds T = 16 / 48 / 64 63.2 / 98.7 / 102.3 against 61.5 / 85.3 / 88.8,
-        Mixtral T = 8 155.6 against 146.3, Qwen3-235B T = 16 / 64 194.5 / 292.9 against 191.5 / 279.1; elsewhere
-        within 1% (benchmarks/results/decode-blocks-h100/)."""
+        """A decode GEMM whose preferred (first) block shape makes more than TAIL_FROM_WAVES waves of blocks takes
+        the other shape if that wastes clearly less on a partial last wave (ceil(waves) / waves below TAIL_GAIN of
+        the preferred shape's). The decode GEMMs stream weights, and the few blocks of a last wave leave most of the
+        memory system idle (H100, Qwen3 samoyeds FP8 T = 64: 780 gate/up blocks of 4 warps, 5 per SM, 1.18 waves,
+        ran at 2.0 TB/s with the SMs active 65% of the time under ncu; 8-warp blocks, 3 per SM, one wave of 390).
+        The waves count the tiles uniform routing is expected to keep busy, so a grid just past one wave keeps the
+        preferred shape (Qwen3 T = 32: 1.006 waves expected, 0.98 in the run, where 8-warp blocks took 82.1 µs
+        against 78.9), and so does a grid within one wave (there the other shape, often with a larger split-K
+        factor, was slower: Qwen3 T = 4 35.7 against 33.7). H100, FP8 values, µs of the layer, preferred shapes
+        against the rule's: Qwen3 samoyeds T = 16 / 48 / 64 63.2 / 98.7 / 102.3 against 61.5 / 85.3 / 88.8,
+        Mixtral T = 8 155.6 against 146.3, Qwen3-235B T = 16 / 64 194.5 / 292.9 against 191.5 / 279.1
+        (benchmarks/results/decode-blocks-h100/)."""
         busy_tiles = expected_tiles(slots, shape.num_experts, token_tile)
 
         def waves(g: GemmPlan) -> float:
-            return g.row_blocks * busy_tiles * g.splits / (occupancy(g.kernel, g.threads, g.shared_bytes) * device.sms)
+            per_sm = max(occupancy(g.kernel, g.threads, g.shared_bytes), 1)
+            return g.row_blocks * busy_tiles * g.splits / (per_sm * device.sms)
 
-        if waves(candidates[0]) <= TAIL_FROM_WAVES:
-            return candidates[0]
-        return min(candidates, key=lambda g: math.ceil(waves(g)) / waves(g))
+        preferred, others = candidates[0], [g for g in candidates[1:] if occupancy(g.kernel, g.threads, g.shared_bytes)]
+        if not others or busy_tiles == 0 or waves(preferred) <= TAIL_FROM_WAVES:
+            return preferred
+        best = min(others, key=lambda g: math.ceil(waves(g)) / waves(g))
+        tail = math.ceil(waves(preferred)) / waves(preferred)
+        return best if math.ceil(waves(best)) / waves(best) < TAIL_GAIN * tail else preferred
 
-    def sized(gate_up: bool, gemm_config: GemmConfig, block: BlockShape) -> GemmPlan:
+    def sized(gate_up: bool, gemm_config: GemmConfig, block: BlockShape, rows: int, k: int) -> GemmPlan:
         what = "gate/up" if gate_up else "down"
-        rows, k = (rows13 // 2, shape.hidden) if gate_up else (rows2, shape.inter)
         row_blocks = rows // block.rows(gate_up)
         k_tiles = k // BK
         splits = gemm_config.splits
@@ -514,7 +522,7 @@ def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool 
         block.kernel_name(dtype, pattern, bn, gate_up, fp8, fp8_acts)
         for bn in token_tiles(samoyeds, hopper)
         for gate_up in (True, False)
-        for block in block_shapes(bn, gate_up, samoyeds, hopper)
+        for block in block_shapes(bn, gate_up, samoyeds, hopper, fp8)
         for fp8_acts in {False, fp8_activations_allowed(block, pattern, fp8)}
     ]
     if fp8 and hopper:

@@ -93,13 +93,13 @@ def test_kernels_of_gpus_before_hopper(pattern, monkeypatch):
     check(preset_shape("qwen3-30b-a3b"), PATTERNS[pattern], 2048, seed=3)
 
 
-def _every_block_shape(pattern: Pattern, gate_up: bool) -> list[tuple[int, GemmConfig]]:
+def _every_block_shape(pattern: Pattern, gate_up: bool, fp8: bool) -> list[tuple[int, GemmConfig]]:
     hopper = device_of(torch.device("cuda")).hopper
     tiles = token_tiles(pattern.is_samoyeds, hopper)
     return [
         (bn, GemmConfig(b.kind, b.warps, b.slabs))
         for bn in tiles
-        for b in block_shapes(bn, gate_up, pattern.is_samoyeds, hopper)
+        for b in block_shapes(bn, gate_up, pattern.is_samoyeds, hopper, fp8)
     ]
 
 
@@ -112,7 +112,7 @@ def test_every_block_shape_through_kernel_configs(pattern, values):
     problem = make_problem(shape, pattern, 1024, seed=6, values=values)
     refs = {}  # by the GEMMs that quantize their activations (FP8 values in ws blocks)
     for gate_up in (True, False):
-        for token_tile, gemm in _every_block_shape(pattern, gate_up):
+        for token_tile, gemm in _every_block_shape(pattern, gate_up, values is not None):
             config = KernelConfig(token_tile, gate_up=gemm) if gate_up else KernelConfig(token_tile, down=gemm)
             with kernels.override_config(config):
                 err, tol = error_against_plan(problem, run_sparse(problem), refs)

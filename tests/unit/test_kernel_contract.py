@@ -63,7 +63,7 @@ def compiled_layout(tmp_path_factory) -> dict[str, int]:
             for fp8 in (True, False)
             for bn in token_tiles(samoyeds, hopper)
             for gate_up in (True, False)
-            for shape in block_shapes(bn, gate_up, samoyeds, hopper)
+            for shape in block_shapes(bn, gate_up, samoyeds, hopper, fp8)
             for fp8_acts in {False, fp8 and shape.kind == "ws"}
         }
     )

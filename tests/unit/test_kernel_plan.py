@@ -172,19 +172,37 @@ def _h100_occupancy(name: str, threads: int, shared_bytes: int) -> int:
         (1, BlockShape("mma", 4, 2), BlockShape("mma", 4, 1)),  # within one wave: the preferred shapes
         (4, BlockShape("mma", 4, 2), BlockShape("mma", 4, 1)),
         (16, BlockShape("mma", 4, 2), BlockShape("mma", 4, 2)),  # down: 1294 blocks of one slab are 1.09 waves
+        (32, BlockShape("mma", 4, 2), BlockShape("mma", 4, 1)),  # gate/up: 1.006 waves, within the margin
         (64, BlockShape("mma", 8, 2), BlockShape("mma", 4, 1)),  # gate/up: 770 blocks of 4 warps are 1.17 waves
     ],
 )
 def test_decode_blocks_fill_whole_waves(tokens, gate_up, down):
-    """With the kernels' occupancy, decode tiles take the block shape whose grid wastes least on a partial last
-    wave; without it, the first compiled shape."""
+    """With the kernels' occupancy, samoyeds decode tiles with FP8 values on Hopper take the block shape whose grid
+    wastes least on a partial last wave; without it, the first compiled shape."""
     shape = LayerShape(tokens, **QWEN3)
     plan = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy)
     assert (plan.gate_up.block, plan.down.block) == (gate_up, down)
     blind = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, True)
     assert (blind.gate_up.block, blind.down.block) == (BlockShape("mma", 4, 2), BlockShape("mma", 4, 1))
+
+
+def test_decode_block_rule_only_where_measured_and_never_over_a_forced_or_unfitting_shape():
+    preferred = (BlockShape("mma", 4, 2), BlockShape("mma", 4, 1))
+    t64 = LayerShape(64, **QWEN3)
+    for pattern, fp8, device in [(SAMOYEDS, False, H100), (TWO_FOUR, True, H100), (SAMOYEDS, True, A100)]:
+        plan = plan_moe(t64, pattern, torch.bfloat16, device, fp8, _h100_occupancy)
+        assert (plan.gate_up.block, plan.down.block) == preferred
+        assert len(kernel_plan.block_shapes(8, True, pattern.is_samoyeds, device.hopper, fp8)) == 1
     wide = plan_moe(LayerShape(4096, **QWEN3), SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy)
     assert wide.gate_up.block == BlockShape("ws", 8, 2)  # wide tiles keep their preferred shape
+    with override_config(KernelConfig(gate_up=GemmConfig("mma", 4, 2))):
+        assert plan_moe(t64, SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy).gate_up.block == preferred[0]
+
+    def no_room_for_8_warps(name: str, threads: int, shared_bytes: int) -> int:
+        return 0 if threads == 256 else _h100_occupancy(name, threads, shared_bytes)
+
+    plan = plan_moe(t64, SAMOYEDS, torch.bfloat16, H100, True, no_room_for_8_warps)
+    assert plan.gate_up.block == preferred[0]
 
 
 def test_expected_tiles():

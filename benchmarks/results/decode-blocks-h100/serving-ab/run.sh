@@ -1,6 +1,7 @@
 #!/bin/bash
 # A/B on one machine: samoyeds FP8 served at 16 / 64 clients with the decode blocks preferred before the wave rule
-# (a tuned table forcing them: oldrule/) and with the rule (untracked helper)
+# (a tuned table forcing them, oldrule/ then, preferred-blocks-table/ here) and with the rule, at commit 2190779
+# (the rule before TAIL_GAIN: the same plans at decode batches up to 64 tokens; untracked helper then)
 source /tmp/vllm-env.sh
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
