@@ -455,12 +455,14 @@ def _plan(
             per_sm = max(occupancy(g.kernel, g.threads, g.shared_bytes), 1)
             return g.row_blocks * busy_tiles * g.splits / (per_sm * device.sms)
 
+        def tail_cost(g: GemmPlan) -> float:  # time against the same blocks spread over whole waves
+            return math.ceil(waves(g)) / waves(g)
+
         preferred, others = candidates[0], [g for g in candidates[1:] if occupancy(g.kernel, g.threads, g.shared_bytes)]
         if not others or busy_tiles == 0 or waves(preferred) <= TAIL_FROM_WAVES:
             return preferred
-        best = min(others, key=lambda g: math.ceil(waves(g)) / waves(g))
-        tail = math.ceil(waves(preferred)) / waves(preferred)
-        return best if math.ceil(waves(best)) / waves(best) < TAIL_GAIN * tail else preferred
+        best = min(others, key=tail_cost)
+        return best if tail_cost(best) < TAIL_GAIN * tail_cost(preferred) else preferred
 
     def sized(gate_up: bool, gemm_config: GemmConfig, block: BlockShape, rows: int, k: int) -> GemmPlan:
         what = "gate/up" if gate_up else "down"

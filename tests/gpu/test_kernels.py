@@ -232,8 +232,8 @@ def test_fp8_values_before_hopper(pattern, monkeypatch):
 @pytest.mark.parametrize("tokens, bound", [(64, 0.05), (1024, 0.07)])
 def test_fp8_values_close_to_their_unquantized_layer(tokens, bound):
     """Quantization error of the whole layer: FP8 values against the same pruned weights in bf16. Decode kernels
-    multiply bf16 activations (4.6e-2 measured); the ws kernel FP8 copies of them too (6.5e-2 on an H100), still
-    under vLLM's FP8 dense MoE against bf16 dense on the same inputs (6.5-7.1e-2, docs/benchmarks.md)."""
+    multiply bf16 activations (4.6e-2 measured); the ws kernel FP8 copies of them too (6.5e-2 on an H100), within
+    vLLM's FP8 dense MoE against bf16 dense on the same inputs (6.5-7.1e-2, docs/benchmarks.md)."""
     shape, pattern = preset_shape("qwen3-30b-a3b"), PATTERNS["samoyeds"]
     fp8 = make_problem(shape, pattern, tokens, seed=9, values=FP8)
     bf16 = make_problem(shape, pattern, tokens, seed=9)
