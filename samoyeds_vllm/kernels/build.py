@@ -108,14 +108,13 @@ def occupancy(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False
     return blocks_per_sm
 
 
-def launch(kernel, grid: tuple[int, ...], threads: int, shared_bytes: int, stream: int, args: int) -> None:
+def launch(function: int, grid: tuple[int, int, int], threads: int, shared_bytes: int, stream: int, args: int) -> None:
     """One launch through CuPy's binding of cuLaunchKernel on the raw stream handle. CuPy's own kernel call works
     out a C type for a NumPy struct argument on every launch (NumPy's dtype.descr over MoEParams' fields): that was
     about half of the layer's host time, which bounds vLLM's steps that run without CUDA graphs (H200,
-    2026-11-26, benchmarks/host_overhead.py). kernel: a RawKernel of `kernel()` (its CUfunction on the current
-    device: run inside cupy.cuda.Device of the tensors' GPU); args: the address of the array of argument addresses that
+    2026-11-26, benchmarks/host_overhead.py). function: a CUfunction (`kernel(...).kernel.ptr`, looked up inside
+    cupy.cuda.Device of the tensors' GPU); args: the address of the array of argument addresses that
     cuLaunchKernel takes; it copies the arguments at the launch, so a captured CUDA graph keeps their values."""
     import cupy
 
-    gx, gy, gz = (*grid, 1, 1)[:3]
-    cupy.cuda.driver.launchKernel(kernel.kernel.ptr, gx, gy, gz, threads, 1, 1, shared_bytes, stream, args, 0)
+    cupy.cuda.driver.launchKernel(function, *grid, threads, 1, 1, shared_bytes, stream, args, 0)

@@ -11,11 +11,18 @@ by one small kernel before each GEMM: csrc/quantize.cuh) unless a kernel config 
 Batches too small to fill the GPU split K over blockIdx.z into fp32 partials, which the SiLU kernel after GEMM 1
 and step 4 reduce. SAMOYEDS_POISON=1 (tests) fills the intermediate activations with NaN before GEMM 1, so an
 element the kernels fail to write shows up in the output.
+
+vLLM runs steps past its largest CUDA graph (a serving step that prefills several prompts) eagerly, where the
+host's time per layer bounds the step: so what one forward asks of the host beyond the plan is cached per plan
+(`_Forward`: the kernels' CUfunctions, grids and the scratch buffers' offsets in one workspace), and a forward
+makes two allocations (the workspace and the output) and one parameter struct.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,8 +32,84 @@ from ..format import PackedWeight, Pattern
 from . import build
 from .geometry import ELEMENTWISE_THREADS, MAX_EXPERTS, ROUTE_THREADS, template_name
 from .params import MoEParams, PackedExperts, ptr, to_kernel_arg
-from .plan import LayerShape, device_of, plan_moe
+from .plan import LayerShape, MoEPlan, device_of, plan_moe
 from .weights import check_weights, dense_shape
+
+WORKSPACE_ALIGN = 256  # bytes: every scratch buffer starts on a 256-byte boundary (16-byte vector loads and more)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Byte offsets of a forward's scratch buffers in one allocation (None: not needed by this plan)."""
+
+    index: int  # int32: sorted_slot [slots], tile_expert, tile_start, tile_rows [num_tiles], chunk_counts
+    act: int  # [slots, I] of the activations' dtype: SiLU(gate) * up
+    gate_up_partial: int | None  # fp32 [splits, slots, 2I]: GEMM 1's split-K partials
+    y: int  # [splits, slots, H]: GEMM 2's rows per slot (fp32 partials under split-K, else the activations' dtype)
+    x_fp8: int | None  # e4m3 copy of x [T, H] ...
+    x_scale: int | None  # ... and its fp32 row scales [T]
+    act_fp8: int | None  # e4m3 copy of act [slots, I] ...
+    act_scale: int | None  # ... and its fp32 row scales [slots]
+    nbytes: int
+
+
+def workspace_layout(plan: MoEPlan, shape: LayerShape, dtype: torch.dtype) -> Workspace:
+    """Where each scratch buffer of a forward with this plan lies in its workspace."""
+    item = torch.empty((), dtype=dtype).element_size()
+    slots, z1, z2 = shape.slots, plan.gate_up.splits, plan.down.splits
+    sizes = {
+        "index": 4 * (slots + 3 * plan.num_tiles + plan.chunks * shape.num_experts),
+        "act": item * slots * shape.inter,
+        "gate_up_partial": 4 * z1 * slots * 2 * shape.inter if z1 > 1 else None,
+        "y": (4 if z2 > 1 else item) * z2 * slots * shape.hidden,
+        "x_fp8": shape.tokens * shape.hidden if plan.gate_up.fp8_activations else None,
+        "x_scale": 4 * shape.tokens if plan.gate_up.fp8_activations else None,
+        "act_fp8": slots * shape.inter if plan.down.fp8_activations else None,
+        "act_scale": 4 * slots if plan.down.fp8_activations else None,
+    }
+    offsets, end = {}, 0
+    for name, size in sizes.items():
+        if size is None:
+            offsets[name] = None
+            continue
+        offsets[name] = end
+        end += -(-size // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    return Workspace(**offsets, nbytes=max(end, WORKSPACE_ALIGN))
+
+
+@dataclass(frozen=True)
+class _Forward:
+    """What a plan asks of the host on every forward, looked up once: the launches in order, as (CUfunction,
+    grid, threads, dynamic shared bytes), and the workspace."""
+
+    launches: tuple[tuple[int, tuple[int, int, int], int, int], ...]
+    workspace: Workspace
+
+
+@functools.lru_cache(maxsize=4096)
+def _forward(
+    plan: MoEPlan, shape: LayerShape, dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, gpu: int
+) -> _Forward:
+    """Run inside cupy.cuda.Device(gpu): a CUfunction belongs to the context it was loaded in."""
+    launches = []
+
+    def launch(name: str, grid: tuple, threads: int, shared_bytes: int = 0) -> None:
+        function = build.kernel(dtype, pattern, arch, fp8, name, shared_bytes).kernel.ptr
+        launches.append((function, (*grid, 1, 1)[:3], threads, shared_bytes))
+
+    if plan.chunks:
+        launch(template_name("count_slots"), (plan.chunks,), ROUTE_THREADS)
+    launch(template_name("build_routing_index"), (1,), plan.routing_threads)
+    if plan.chunks:
+        launch(template_name("scatter_slots"), (plan.chunks,), ROUTE_THREADS)
+    for gemm in (plan.gate_up, plan.down):
+        if gemm.quantize_kernel:
+            launch(gemm.quantize_kernel, gemm.quantize_grid, ELEMENTWISE_THREADS)
+        launch(gemm.kernel, gemm.grid, gemm.threads, gemm.shared_bytes)
+        if gemm.gate_up and plan.silu_kernel:
+            launch(plan.silu_kernel, plan.silu_grid, ELEMENTWISE_THREADS)
+    launch(plan.sum_kernel, plan.sum_grid, ELEMENTWISE_THREADS)
+    return _Forward(tuple(launches), workspace_layout(plan, shape, dtype))
 
 
 def moe_experts(
@@ -52,93 +135,70 @@ def moe_experts(
         raise SamoyedsError(f"the routing index handles at most {MAX_EXPERTS} experts per layer, not {num_experts}")
     shape = LayerShape(x.shape[0], topk_ids.shape[1], num_experts, x.shape[1], dense_shape(w2)[1])
     fp8 = w13.scale is not None
+    gpu = x.device.index
     import cupy
 
-    with cupy.cuda.Device(x.device.index):  # the occupancy of kernels compiled in this device's context
+    with cupy.cuda.Device(gpu):  # the kernels' module (and their occupancy) belongs to this device's context
         plan = plan_moe(shape, pattern, x.dtype, device, fp8, build.occupancy(x.dtype, pattern, device.arch, fp8))
-    slots = shape.slots
+        forward = _forward(plan, shape, x.dtype, pattern, device.arch, fp8, gpu)
 
-    x = x.contiguous()
-    ids = topk_ids.reshape(-1).to(torch.int64).contiguous()
-    weights = topk_weights.reshape(-1).float().contiguous()
-    index = torch.empty(slots + 3 * plan.num_tiles + plan.chunks * num_experts, dtype=torch.int32, device=x.device)
-    sorted_slot, tiles, chunk_counts = index.split([slots, 3 * plan.num_tiles, plan.chunks * num_experts])
-    tile_expert, tile_start, tile_rows = tiles.view(3, plan.num_tiles)
-    act = torch.empty(slots, shape.inter, dtype=x.dtype, device=x.device)
-    if os.environ.get("SAMOYEDS_POISON"):  # tests: an element the kernels fail to write shows up as NaN
-        act.fill_(float("nan"))
-    z1, z2 = plan.gate_up.splits, plan.down.splits
-    gate_up_partial = torch.empty(z1, slots, 2 * shape.inter, dtype=torch.float32, device=x.device) if z1 > 1 else None
-    y = torch.empty(z2, slots, shape.hidden, dtype=torch.float32 if z2 > 1 else x.dtype, device=x.device)
-    # FP8 activations: e4m3 copies of x and act with a scale per row (quantize_rows), for the GEMMs that read them
-    x_fp8, x_scale = _fp8_copy(plan.gate_up.fp8_activations, shape.tokens, shape.hidden, x.device)
-    act_fp8, act_scale = _fp8_copy(plan.down.fp8_activations, slots, shape.inter, x.device)
-    out = torch.empty(shape.tokens, shape.hidden, dtype=x.dtype, device=x.device)
+        x = x.contiguous()
+        ids = topk_ids.reshape(-1).to(torch.int64).contiguous()
+        weights = topk_weights.reshape(-1).float().contiguous()
+        space = forward.workspace
+        workspace = torch.empty(space.nbytes, dtype=torch.uint8, device=x.device)
+        out = torch.empty(shape.tokens, shape.hidden, dtype=x.dtype, device=x.device)
+        base = workspace.data_ptr()
 
-    rows13, rows2 = shape.packed_rows(pattern)
-    params = to_kernel_arg(
-        MoEParams(
-            topk_ids=ptr(ids),
-            topk_weights=ptr(weights),
-            tokens=shape.tokens,
-            top_k=shape.top_k,
-            slots=slots,
-            num_experts=num_experts,
-            hidden=shape.hidden,
-            inter=shape.inter,
-            sorted_slot=ptr(sorted_slot),
-            tile_expert=ptr(tile_expert),
-            tile_start=ptr(tile_start),
-            tile_rows=ptr(tile_rows),
-            chunk_counts=ptr(chunk_counts),
-            token_tile=plan.token_tile,
-            num_tiles=plan.num_tiles,
-            chunks=plan.chunks,
-            w13=PackedExperts(ptr(w13.values), ptr(w13.meta), ptr(w13.rowsel), ptr(w13.scale), rows13),
-            x=ptr(x),
-            x_fp8=ptr(x_fp8),
-            x_scale=ptr(x_scale),
-            act=ptr(act),
-            gate_up_partial=ptr(gate_up_partial),
-            gate_up_splits=z1,
-            w2=PackedExperts(ptr(w2.values), ptr(w2.meta), ptr(w2.rowsel), ptr(w2.scale), rows2),
-            act_fp8=ptr(act_fp8),
-            act_scale=ptr(act_scale),
-            y=ptr(y),
-            down_splits=z2,
-            out=ptr(out),
+        def at(offset: int | None) -> int:
+            return 0 if offset is None else base + offset
+
+        index = at(space.index)
+        sorted_slot = index
+        tile_expert = sorted_slot + 4 * shape.slots
+        tile_start, tile_rows = tile_expert + 4 * plan.num_tiles, tile_expert + 8 * plan.num_tiles
+        if os.environ.get("SAMOYEDS_POISON"):  # tests: an element the kernels fail to write shows up as NaN
+            act_bytes = shape.slots * shape.inter * x.element_size()
+            workspace[space.act : space.act + act_bytes].view(x.dtype).fill_(float("nan"))
+        rows13, rows2 = shape.packed_rows(pattern)
+        params = to_kernel_arg(
+            MoEParams(
+                topk_ids=ptr(ids),
+                topk_weights=ptr(weights),
+                tokens=shape.tokens,
+                top_k=shape.top_k,
+                slots=shape.slots,
+                num_experts=num_experts,
+                hidden=shape.hidden,
+                inter=shape.inter,
+                sorted_slot=sorted_slot,
+                tile_expert=tile_expert,
+                tile_start=tile_start,
+                tile_rows=tile_rows,
+                chunk_counts=tile_expert + 12 * plan.num_tiles,
+                token_tile=plan.token_tile,
+                num_tiles=plan.num_tiles,
+                chunks=plan.chunks,
+                w13=PackedExperts(ptr(w13.values), ptr(w13.meta), ptr(w13.rowsel), ptr(w13.scale), rows13),
+                x=ptr(x),
+                x_fp8=at(space.x_fp8),
+                x_scale=at(space.x_scale),
+                act=at(space.act),
+                gate_up_partial=at(space.gate_up_partial),
+                gate_up_splits=plan.gate_up.splits,
+                w2=PackedExperts(ptr(w2.values), ptr(w2.meta), ptr(w2.rowsel), ptr(w2.scale), rows2),
+                act_fp8=at(space.act_fp8),
+                act_scale=at(space.act_scale),
+                y=at(space.y),
+                down_splits=plan.down.splits,
+                out=ptr(out),
+            )
         )
-    )
-
-    # cuLaunchKernel's kernelParams: the address of each argument (one: the struct, passed by value)
-    arg_addresses = np.array([params.ctypes.data], dtype=np.uintp)
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-
-    def launch(name: str, grid: tuple, threads: int, shared_bytes: int = 0) -> None:
-        function = build.kernel(x.dtype, pattern, device.arch, fp8, name, shared_bytes)
-        build.launch(function, grid, threads, shared_bytes, stream, arg_addresses.ctypes.data)
-
-    with cupy.cuda.Device(x.device.index):  # the kernels' module belongs to this device's context
-        if plan.chunks:
-            launch(template_name("count_slots"), (plan.chunks,), ROUTE_THREADS)
-        launch(template_name("build_routing_index"), (1,), plan.routing_threads)
-        if plan.chunks:
-            launch(template_name("scatter_slots"), (plan.chunks,), ROUTE_THREADS)
-        for gemm in (plan.gate_up, plan.down):
-            if gemm.quantize_kernel:
-                launch(gemm.quantize_kernel, gemm.quantize_grid, ELEMENTWISE_THREADS)
-            launch(gemm.kernel, gemm.grid, gemm.threads, gemm.shared_bytes)
-            if gemm.gate_up and plan.silu_kernel:
-                launch(plan.silu_kernel, plan.silu_grid, ELEMENTWISE_THREADS)
-        launch(plan.sum_kernel, plan.sum_grid, ELEMENTWISE_THREADS)
+        # cuLaunchKernel's kernelParams: the address of each argument (one: the struct, passed by value)
+        arg_addresses = np.array([params.ctypes.data], dtype=np.uintp)
+        # the raw handle of torch's current stream, as the code torch.compile generates reads it (torch.cuda's
+        # current_stream builds a Stream object per call)
+        stream = torch._C._cuda_getCurrentRawStream(gpu)
+        for function, grid, threads, shared_bytes in forward.launches:
+            build.launch(function, grid, threads, shared_bytes, stream, arg_addresses.ctypes.data)
     return out
-
-
-def _fp8_copy(wanted: bool, rows: int, cols: int, device: torch.device) -> tuple[torch.Tensor | None, ...]:
-    """The e4m3 bytes [rows, cols] and fp32 row scales quantize_rows writes, or (None, None)."""
-    if not wanted:
-        return None, None
-    return (
-        torch.empty(rows, cols, dtype=torch.uint8, device=device),
-        torch.empty(rows, dtype=torch.float32, device=device),
-    )

@@ -1,8 +1,9 @@
 """The kernels' one parameter struct, MoEParams of csrc/params.cuh, on the host side.
 
 Each dataclass below mirrors its C++ struct field for field (same names, same order); `Ptr` fields are device
-pointers, `int` fields 32-bit integers. `to_kernel_arg` packs an instance into a NumPy value with the C layout
-(`np.dtype(..., align=True)` follows the C alignment rules), which CuPy passes to a kernel by value.
+pointers, `int` fields 32-bit integers. `struct_dtype` gives the C layout (`np.dtype(..., align=True)` follows the
+C alignment rules) and `to_kernel_arg` packs an instance into those bytes, which cuLaunchKernel passes to a kernel
+by value.
 tests/unit/test_kernel_contract.py compiles the header and checks names, order, offsets and size.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
+import struct
 import typing
 from dataclasses import dataclass
 
@@ -79,15 +82,32 @@ def struct_dtype(cls: type) -> np.dtype:
     return np.dtype(fields, align=True)
 
 
-def _as_tuple(value) -> tuple:
-    return tuple(
-        _as_tuple(getattr(value, f.name))
-        if dataclasses.is_dataclass(getattr(value, f.name))
-        else getattr(value, f.name)
-        for f in dataclasses.fields(value)
-    )
+@functools.cache
+def _packer(cls: type) -> tuple[operator.attrgetter, struct.Struct]:
+    """How to_kernel_arg packs an instance of `cls`: a getter of its scalar fields in the C order (dotted paths
+    into nested structs) and a struct.Struct of the C layout (struct_dtype's offsets, padding bytes zero). Cached:
+    the forward packs one struct per call, in steps that run without CUDA graphs, where the host's time counts."""
+    paths, fmt, end = [], "<", 0
+
+    def walk(kind: type, dtype: np.dtype, prefix: str, base: int) -> None:
+        nonlocal fmt, end
+        hints = typing.get_type_hints(kind, globalns={**globals(), "Ptr": Ptr})
+        for field in dataclasses.fields(kind):
+            sub, offset = dtype.fields[field.name][:2]
+            if dataclasses.is_dataclass(hints[field.name]):
+                walk(hints[field.name], sub, f"{prefix}{field.name}.", base + offset)
+                continue
+            paths.append(prefix + field.name)
+            fmt += "x" * (base + offset - end) + ("Q" if hints[field.name] is Ptr else "i")
+            end = base + offset + sub.itemsize
+
+    dtype = struct_dtype(cls)
+    walk(cls, dtype, "", 0)
+    return operator.attrgetter(*paths), struct.Struct(fmt + "x" * (dtype.itemsize - end))
 
 
 def to_kernel_arg(params: MoEParams) -> np.ndarray:
-    """A 0-d array holding `params` in the layout of the C++ struct: a kernel argument passed by value."""
-    return np.array(_as_tuple(params), dtype=struct_dtype(MoEParams))
+    """The bytes of `params` in the layout of the C++ struct (uint8, read-only): a kernel argument passed by
+    value."""
+    fields, layout = _packer(type(params))
+    return np.frombuffer(layout.pack(*fields(params)), dtype=np.uint8)

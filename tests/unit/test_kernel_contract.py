@@ -127,10 +127,9 @@ def test_every_kernel_takes_the_one_parameter_struct():
     assert kernels == 8  # 3 routing, 2 GEMM, 2 reductions, the FP8 quantization of activations
 
 
-def test_a_launch_passes_cuLaunchKernel_the_struct_address_and_a_3d_grid(monkeypatch):
-    """build.launch hands CuPy's cuLaunchKernel binding the kernel's CUfunction, the grid padded to three
-    dimensions, the block, the shared memory, the raw stream and the kernelParams array (here a fake CuPy records
-    the call: no GPU on CI)."""
+def test_a_launch_passes_cuLaunchKernel_the_struct_address(monkeypatch):
+    """build.launch hands CuPy's cuLaunchKernel binding the CUfunction, the grid, the block, the shared memory,
+    the raw stream and the kernelParams array (here a fake CuPy records the call: no GPU on CI)."""
     import sys
     import types
 
@@ -141,13 +140,52 @@ def test_a_launch_passes_cuLaunchKernel_the_struct_address_and_a_3d_grid(monkeyp
     calls = []
     driver = types.SimpleNamespace(launchKernel=lambda *args: calls.append(args))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(driver=driver)))
-    kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0xF00))
     struct = np.zeros((), dtype=params.struct_dtype(params.MoEParams))
     addresses = np.array([struct.ctypes.data], dtype=np.uintp)
-    build.launch(kernel, (7,), 128, 0, 0x5, addresses.ctypes.data)
-    build.launch(kernel, (3, 2, 4), 384, 99 * 1024, 0x5, addresses.ctypes.data)
+    build.launch(0xF00, (7, 1, 1), 128, 0, 0x5, addresses.ctypes.data)
+    build.launch(0xF00, (3, 2, 4), 384, 99 * 1024, 0x5, addresses.ctypes.data)
     assert calls == [
         (0xF00, 7, 1, 1, 128, 1, 1, 0, 0x5, addresses.ctypes.data, 0),
         (0xF00, 3, 2, 4, 384, 1, 1, 99 * 1024, 0x5, addresses.ctypes.data, 0),
     ]
     assert int(np.frombuffer(addresses.tobytes(), np.uintp)[0]) == struct.ctypes.data  # kernelParams[0] -> struct
+
+
+def test_kernel_arg_bytes_hold_every_field_at_its_offset():
+    """to_kernel_arg's bytes, read back through the struct's NumPy layout, give each field its own value (distinct
+    values, so a field packed at another's offset shows), with the padding bytes zero."""
+    import numpy as np
+
+    values = iter(range(1, 100))
+
+    def fill(cls):
+        hints = typing.get_type_hints(cls, globalns=vars(params))
+        fields = {}
+        for f in dataclasses.fields(cls):
+            kind = hints[f.name]
+            shift = 33 if kind is params.Ptr else 0  # pointers past 32 bits
+            fields[f.name] = fill(kind) if dataclasses.is_dataclass(kind) else next(values) << shift
+        return cls(**fields)
+
+    arg = params.to_kernel_arg(fill(params.MoEParams))
+    dtype = params.struct_dtype(params.MoEParams)
+    assert arg.dtype == np.uint8 and arg.nbytes == dtype.itemsize
+    read = arg.view(dtype)[0]
+    expected = iter(range(1, 100))
+    for path, _ in _fields(params.MoEParams):
+        value = read
+        for name in path.split("."):
+            value = value[name]
+        assert int(value) == next(expected) << (33 if value.dtype == np.uint64 else 0), path
+    covered = np.zeros(dtype.itemsize, dtype=bool)
+
+    def cover(dt, base):
+        for name in dt.names:
+            sub, offset = dt.fields[name][:2]
+            if sub.names:
+                cover(sub, base + offset)
+            else:
+                covered[base + offset : base + offset + sub.itemsize] = True
+
+    cover(dtype, 0)
+    assert not covered.all() and not arg[~covered].any()

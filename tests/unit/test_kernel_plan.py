@@ -326,3 +326,41 @@ def test_the_shipped_deepseek_v3_table_takes_64_token_tiles_where_measured(monke
     assert [tile(t) for t in (1, 64, 128, 192, 256, 384, 512, 1024)] == [8, 8, 8, 64, 64, 64, 64, 64]
     assert tile(256, fp8=False) == tile(256, device=H100) == 16  # bf16 values, another GPU: the heuristics
     kernel_plan._read_table.cache_clear()
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 64, 256, 4096, 16384])
+@pytest.mark.parametrize("pattern, fp8", [(SAMOYEDS, False), (SAMOYEDS, True), (TWO_FOUR, True)])
+def test_workspace_holds_each_scratch_buffer_aligned_and_apart(tokens, pattern, fp8):
+    """One allocation per forward holds the scratch buffers a plan needs, each on a 256-byte boundary and none
+    overlapping another; split-K partials and FP8 copies only where the plan runs them."""
+    from samoyeds_vllm.kernels.launch import WORKSPACE_ALIGN, workspace_layout
+
+    shape = LayerShape(tokens, **QWEN3)
+    plan = plan_moe(shape, pattern, torch.bfloat16, H100, fp8)
+    space = workspace_layout(plan, shape, torch.bfloat16)
+    slots, hidden, inter = shape.slots, shape.hidden, shape.inter
+    z1, z2 = plan.gate_up.splits, plan.down.splits
+    wanted = {
+        "index": 4 * (slots + 3 * plan.num_tiles + plan.chunks * shape.num_experts),
+        "act": 2 * slots * inter,
+        "gate_up_partial": 4 * z1 * slots * 2 * inter if z1 > 1 else None,
+        "y": (4 if z2 > 1 else 2) * z2 * slots * hidden,
+        "x_fp8": tokens * hidden if plan.gate_up.fp8_activations else None,
+        "x_scale": 4 * tokens if plan.gate_up.fp8_activations else None,
+        "act_fp8": slots * inter if plan.down.fp8_activations else None,
+        "act_scale": 4 * slots if plan.down.fp8_activations else None,
+    }
+    spans = []
+    for name, size in wanted.items():
+        offset = getattr(space, name)
+        assert (offset is None) == (size is None), name
+        if size is not None:
+            assert offset % WORKSPACE_ALIGN == 0 and offset + size <= space.nbytes, name
+            spans.append((offset, offset + size))
+    spans.sort()
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False))
+    assert space.nbytes < spans[-1][1] + WORKSPACE_ALIGN
+    if tokens == 16384:
+        assert space.x_fp8 is not None if fp8 else space.x_fp8 is None
+    if tokens == 1:
+        assert space.gate_up_partial is not None  # split-K at batch 1
