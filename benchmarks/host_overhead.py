@@ -2,6 +2,7 @@
 size, e.g. a serving step that mixes several prefills into the decodes), against vLLM's FP8 MoE, on a GPU.
 
     python benchmarks/host_overhead.py [--shape qwen3-30b-a3b] [--tokens 256,640,1024,4096] [--json FILE]
+        [--profile FILE]
 
 Per path and T: the host's µs per call (the Python and launches, timed over a few calls that the GPU's launch queue
 takes without blocking), the µs per call of back-to-back eager calls (the larger of host and GPU), and the µs in a
@@ -9,7 +10,10 @@ CUDA graph (the GPU alone). Where the host exceeds the graph time, steps without
 """
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import time
 from pathlib import Path
 
@@ -45,6 +49,20 @@ def measure(fn) -> dict:
     return {"host_us": round(host, 1), "eager_us": round(eager, 1), "graph_us": round(time_cuda_graph(fn), 1)}
 
 
+def profile(fn, path: str, label: str) -> None:
+    """cProfile of HOST_CALLS calls of fn (by internal time, first 30 rows) written to path."""
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(HOST_CALLS):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    Path(path).write_text(f"# cProfile of {HOST_CALLS} calls: {label}\n{text.getvalue()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="qwen3-30b-a3b")
@@ -52,6 +70,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="256,640,1024,4096")
     parser.add_argument("--peer", default="fp8-triton", help="a bench moe peer (default: vLLM's FP8 Triton MoE)")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--profile", help="write a cProfile of our layer's calls at the first T here")
     args = parser.parse_args()
     shape, pattern = preset_shape(args.shape), Pattern.parse(args.pattern)
     rows = []
@@ -59,6 +78,8 @@ def main() -> None:
     for tokens in map(int, args.tokens.split(",")):
         sparse = make_problem(shape, pattern, tokens, seed=tokens, values=FP8)
         paths = {f"ours {pattern} fp8": measure(lambda p=sparse: run_sparse(p))}
+        if args.profile and not rows:
+            profile(lambda p=sparse: run_sparse(p), args.profile, f"ours {pattern} fp8, {args.shape}, T = {tokens}")
         del sparse
         dense = make_problem(shape, None, tokens, seed=tokens)
         peer = PEERS[args.peer].build(PeerInputs(dense))
