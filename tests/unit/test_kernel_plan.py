@@ -195,6 +195,9 @@ def test_decode_block_rule_only_where_measured_and_never_over_a_forced_or_unfitt
         assert len(kernel_plan.block_shapes(8, True, pattern.is_samoyeds, device.hopper, fp8)) == 1
     wide = plan_moe(LayerShape(4096, **QWEN3), SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy)
     assert wide.gate_up.block == BlockShape("ws", 8, 2)  # wide tiles keep their preferred shape
+    with override_config(KernelConfig(gate_up=GemmConfig(fp8_activations=True))):  # which only the ws shape runs
+        forced = plan_moe(LayerShape(2048, **QWEN3), SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy)
+    assert forced.gate_up.block == BlockShape("ws", 8, 2) and forced.gate_up.fp8_activations
     with override_config(KernelConfig(gate_up=GemmConfig("mma", 4, 2))):
         assert plan_moe(t64, SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy).gate_up.block == preferred[0]
 
