@@ -15,7 +15,7 @@ element the kernels fail to write shows up in the output.
 vLLM runs steps past its largest CUDA graph (a serving step that prefills several prompts) eagerly, where the
 host's time per layer bounds the step: so what one forward asks of the host beyond the plan is cached per plan
 (`_Forward`: the kernels' CUfunctions, grids and the scratch buffers' offsets in one workspace), and a forward
-makes two allocations (the workspace and the output) and one parameter struct.
+allocates its scratch buffers as that one workspace and packs one parameter struct.
 """
 
 from __future__ import annotations

@@ -426,9 +426,10 @@ def _plan(
                 raise SamoyedsError(
                     f"{rows} rows are not whole {MIN_ROW_BLOCK}-row blocks (supports() admits only those)"
                 )
-            # the rule compares partial waves of the decode (mma.sp) shapes; a wide tile's first shape is the
-            # persistent ws kernel (one wave by construction), the others its fallbacks for rows off its blocks
-            if occupancy is None or len(fitting) == 1 or fitting[0].kind != "mma":
+            # the rule compares the partial waves of a decode tile's shapes, where it was measured; wide tiles keep
+            # their measured order (on Hopper the persistent ws kernel, one wave by construction, then fallbacks
+            # for rows off its blocks)
+            if occupancy is None or len(fitting) == 1 or token_tile >= WIDE_BN:
                 return sized(gate_up, gemm_config, fitting[0], rows, k)
             return decode_block([sized(gate_up, gemm_config, b, rows, k) for b in fitting])
         if block not in fitting:

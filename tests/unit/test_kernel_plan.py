@@ -193,8 +193,13 @@ def test_decode_block_rule_only_where_measured_and_never_over_a_forced_or_unfitt
         plan = plan_moe(t64, pattern, torch.bfloat16, device, fp8, _h100_occupancy)
         assert (plan.gate_up.block, plan.down.block) == preferred
         assert len(kernel_plan.block_shapes(8, True, pattern.is_samoyeds, device.hopper, fp8)) == 1
-    wide = plan_moe(LayerShape(4096, **QWEN3), SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy)
-    assert wide.gate_up.block == BlockShape("ws", 8, 2)  # wide tiles keep their preferred shape
+    for device, pattern, fp8 in [(H100, SAMOYEDS, True), (A100, SAMOYEDS, True), (A100, TWO_FOUR, False)]:
+        for tokens in (256, 1024, 4096, 16384):  # wide tiles keep their measured order, whatever the occupancy
+            shape = LayerShape(tokens, **QWEN3)
+            ordered = plan_moe(shape, pattern, torch.bfloat16, device, fp8)
+            # one block per SM: on the A100 at T = 1024 the wave rule would trade 8-warp gate/up blocks for 4-warp
+            for occupancy in (_h100_occupancy, lambda name, threads, shared_bytes: 1):
+                assert plan_moe(shape, pattern, torch.bfloat16, device, fp8, occupancy) == ordered
     with override_config(KernelConfig(gate_up=GemmConfig(fp8_activations=True))):  # which only the ws shape runs
         forced = plan_moe(LayerShape(2048, **QWEN3), SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy)
     assert forced.gate_up.block == BlockShape("ws", 8, 2) and forced.gate_up.fp8_activations
