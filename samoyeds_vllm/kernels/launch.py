@@ -148,52 +148,11 @@ def moe_experts(
         space = forward.workspace
         workspace = torch.empty(space.nbytes, dtype=torch.uint8, device=x.device)
         out = torch.empty(shape.tokens, shape.hidden, dtype=x.dtype, device=x.device)
-        base = workspace.data_ptr()
-
-        def at(offset: int | None) -> int:
-            return 0 if offset is None else base + offset
-
-        index = at(space.index)
-        sorted_slot = index
-        tile_expert = sorted_slot + 4 * shape.slots
-        tile_start, tile_rows = tile_expert + 4 * plan.num_tiles, tile_expert + 8 * plan.num_tiles
         if os.environ.get("SAMOYEDS_POISON"):  # tests: an element the kernels fail to write shows up as NaN
             act_bytes = shape.slots * shape.inter * x.element_size()
             workspace[space.act : space.act + act_bytes].view(x.dtype).fill_(float("nan"))
-        rows13, rows2 = shape.packed_rows(pattern)
-        params = to_kernel_arg(
-            MoEParams(
-                topk_ids=ptr(ids),
-                topk_weights=ptr(weights),
-                tokens=shape.tokens,
-                top_k=shape.top_k,
-                slots=shape.slots,
-                num_experts=num_experts,
-                hidden=shape.hidden,
-                inter=shape.inter,
-                sorted_slot=sorted_slot,
-                tile_expert=tile_expert,
-                tile_start=tile_start,
-                tile_rows=tile_rows,
-                chunk_counts=tile_expert + 12 * plan.num_tiles,
-                token_tile=plan.token_tile,
-                num_tiles=plan.num_tiles,
-                chunks=plan.chunks,
-                w13=PackedExperts(ptr(w13.values), ptr(w13.meta), ptr(w13.rowsel), ptr(w13.scale), rows13),
-                x=ptr(x),
-                x_fp8=at(space.x_fp8),
-                x_scale=at(space.x_scale),
-                act=at(space.act),
-                gate_up_partial=at(space.gate_up_partial),
-                gate_up_splits=plan.gate_up.splits,
-                w2=PackedExperts(ptr(w2.values), ptr(w2.meta), ptr(w2.rowsel), ptr(w2.scale), rows2),
-                act_fp8=at(space.act_fp8),
-                act_scale=at(space.act_scale),
-                y=at(space.y),
-                down_splits=plan.down.splits,
-                out=ptr(out),
-            )
-        )
+        base = workspace.data_ptr()
+        params = to_kernel_arg(moe_params(plan, shape, pattern, space, base, x, ids, weights, w13, w2, out))
         # cuLaunchKernel's kernelParams: the address of each argument (one: the struct, passed by value)
         arg_addresses = np.array([params.ctypes.data], dtype=np.uintp)
         # the raw handle of torch's current stream, as the code torch.compile generates reads it (torch.cuda's
@@ -202,3 +161,60 @@ def moe_experts(
         for function, grid, threads, shared_bytes in forward.launches:
             build.launch(function, grid, threads, shared_bytes, stream, arg_addresses.ctypes.data)
     return out
+
+
+def moe_params(
+    plan: MoEPlan,
+    shape: LayerShape,
+    pattern: Pattern,
+    space: Workspace,
+    base: int,
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    w13: PackedWeight,
+    w2: PackedWeight,
+    out: torch.Tensor,
+) -> MoEParams:
+    """The forward's MoEParams: the routing and weights' tensors, the scratch buffers at their offsets from the
+    workspace's address `base` (0 for those the plan does not need), the shapes and the plan's choices."""
+
+    def at(offset: int | None) -> int:
+        return 0 if offset is None else base + offset
+
+    # the routing index: sorted_slot [slots], then tile_expert, tile_start, tile_rows [num_tiles each], then
+    # chunk_counts [chunks * E], all int32
+    sorted_slot = at(space.index)
+    tile_expert = sorted_slot + 4 * shape.slots
+    rows13, rows2 = shape.packed_rows(pattern)
+    return MoEParams(
+        topk_ids=ptr(ids),
+        topk_weights=ptr(weights),
+        tokens=shape.tokens,
+        top_k=shape.top_k,
+        slots=shape.slots,
+        num_experts=shape.num_experts,
+        hidden=shape.hidden,
+        inter=shape.inter,
+        sorted_slot=sorted_slot,
+        tile_expert=tile_expert,
+        tile_start=tile_expert + 4 * plan.num_tiles,
+        tile_rows=tile_expert + 8 * plan.num_tiles,
+        chunk_counts=tile_expert + 12 * plan.num_tiles if plan.chunks else 0,
+        token_tile=plan.token_tile,
+        num_tiles=plan.num_tiles,
+        chunks=plan.chunks,
+        w13=PackedExperts(ptr(w13.values), ptr(w13.meta), ptr(w13.rowsel), ptr(w13.scale), rows13),
+        x=ptr(x),
+        x_fp8=at(space.x_fp8),
+        x_scale=at(space.x_scale),
+        act=at(space.act),
+        gate_up_partial=at(space.gate_up_partial),
+        gate_up_splits=plan.gate_up.splits,
+        w2=PackedExperts(ptr(w2.values), ptr(w2.meta), ptr(w2.rowsel), ptr(w2.scale), rows2),
+        act_fp8=at(space.act_fp8),
+        act_scale=at(space.act_scale),
+        y=at(space.y),
+        down_splits=plan.down.splits,
+        out=ptr(out),
+    )

@@ -372,3 +372,52 @@ def test_workspace_holds_each_scratch_buffer_aligned_and_apart(tokens, pattern, 
         assert space.x_fp8 is not None if fp8 else space.x_fp8 is None
     if tokens == 1:
         assert space.gate_up_partial is not None  # split-K at batch 1
+
+
+@pytest.mark.parametrize("tokens", [1, 16384])  # split-K partials; routing chunks and FP8 copies
+def test_forward_params_point_where_the_workspace_holds_each_buffer(tokens):
+    """moe_params against the workspace cut into views: the routing index split as its kernels read it
+    (sorted_slot, the tile map's three rows, chunk_counts), each other buffer at its offset or null, the tensors'
+    own addresses, the shapes and the plan's choices."""
+    from samoyeds_vllm.kernels.launch import moe_params, workspace_layout
+
+    shape = LayerShape(tokens, **QWEN3)
+    plan = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, True)
+    space = workspace_layout(plan, shape, torch.bfloat16)
+    workspace = torch.empty(space.nbytes, dtype=torch.uint8)
+    x, out = torch.empty(tokens, shape.hidden, dtype=torch.bfloat16), torch.empty(tokens, shape.hidden)
+    ids, weights = torch.zeros(shape.slots, dtype=torch.int64), torch.zeros(shape.slots)
+    w13, w2 = (PackedWeight(*(torch.empty(4) for _ in range(4))) for _ in range(2))
+    base = workspace.data_ptr()
+    p = moe_params(plan, shape, SAMOYEDS, space, base, x, ids, weights, w13, w2, out)
+
+    sizes = [shape.slots, 3 * plan.num_tiles, plan.chunks * shape.num_experts]
+    index = workspace[space.index : space.index + 4 * sum(sizes)].view(torch.int32)
+    sorted_slot, tiles, chunk_counts = index.split(sizes)
+    views = (sorted_slot, *tiles.view(3, plan.num_tiles), chunk_counts)
+    assert (p.sorted_slot, p.tile_expert, p.tile_start, p.tile_rows, p.chunk_counts) == tuple(
+        v.data_ptr() for v in views
+    )
+    for name in ("act", "gate_up_partial", "y", "x_fp8", "x_scale", "act_fp8", "act_scale"):
+        offset = getattr(space, name)
+        assert getattr(p, name) == (0 if offset is None else base + offset), name
+    assert (p.x, p.out, p.topk_ids, p.topk_weights) == tuple(t.data_ptr() for t in (x, out, ids, weights))
+    assert (p.w13.values, p.w13.rowsel, p.w2.meta, p.w2.scale) == (
+        w13.values.data_ptr(),
+        w13.rowsel.data_ptr(),
+        w2.meta.data_ptr(),
+        w2.scale.data_ptr(),
+    )
+    assert (p.w13.rows, p.w2.rows) == shape.packed_rows(SAMOYEDS)
+    assert (p.tokens, p.slots, p.num_tiles, p.chunks, p.token_tile) == (
+        tokens,
+        shape.slots,
+        plan.num_tiles,
+        plan.chunks,
+        plan.token_tile,
+    )
+    assert (p.gate_up_splits, p.down_splits) == (plan.gate_up.splits, plan.down.splits)
+    if tokens == 1:
+        assert p.gate_up_partial and not p.x_fp8
+    else:
+        assert plan.chunks and p.x_fp8 and p.act_scale and not p.gate_up_partial
