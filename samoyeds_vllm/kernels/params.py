@@ -82,27 +82,29 @@ def struct_dtype(cls: type) -> np.dtype:
     return np.dtype(fields, align=True)
 
 
+_FORMATS = {np.dtype(np.uint64): "Q", np.dtype(np.int32): "i"}  # struct module codes of the _SCALARS
+
+
 @functools.cache
 def _packer(cls: type) -> tuple[operator.attrgetter, struct.Struct]:
-    """How to_kernel_arg packs an instance of `cls`: a getter of its scalar fields in the C order (dotted paths
-    into nested structs) and a struct.Struct of the C layout (struct_dtype's offsets, padding bytes zero). Cached:
-    the forward packs one struct per call, in steps that run without CUDA graphs, where the host's time counts."""
+    """How to_kernel_arg packs an instance of `cls`, read off struct_dtype: a getter of its scalar fields in the C
+    order (dotted paths into nested structs) and a struct.Struct of the C layout (padding bytes zero). Cached: the
+    forward packs one struct per call, in steps that run without CUDA graphs, where the host's time counts."""
     paths, fmt, end = [], "<", 0
 
-    def walk(kind: type, dtype: np.dtype, prefix: str, base: int) -> None:
+    def walk(dtype: np.dtype, prefix: str, base: int) -> None:
         nonlocal fmt, end
-        hints = typing.get_type_hints(kind, globalns={**globals(), "Ptr": Ptr})
-        for field in dataclasses.fields(kind):
-            sub, offset = dtype.fields[field.name][:2]
-            if dataclasses.is_dataclass(hints[field.name]):
-                walk(hints[field.name], sub, f"{prefix}{field.name}.", base + offset)
+        for name in dtype.names:
+            sub, offset = dtype.fields[name][:2]
+            if sub.names:
+                walk(sub, f"{prefix}{name}.", base + offset)
                 continue
-            paths.append(prefix + field.name)
-            fmt += "x" * (base + offset - end) + ("Q" if hints[field.name] is Ptr else "i")
+            paths.append(prefix + name)
+            fmt += "x" * (base + offset - end) + _FORMATS[sub]
             end = base + offset + sub.itemsize
 
     dtype = struct_dtype(cls)
-    walk(cls, dtype, "", 0)
+    walk(dtype, "", 0)
     return operator.attrgetter(*paths), struct.Struct(fmt + "x" * (dtype.itemsize - end))
 
 
