@@ -28,6 +28,8 @@ static_assert(ROUTE_CHUNK == ROUTE_THREADS * ROUTE_ILP, "one chunk is one pass o
 
 // The slot sum (reduce.cuh): elements per thread for large batches (16 bytes of bf16 / fp16).
 constexpr int SUM_VEC = 8;
+constexpr int SUM_SLOTS_IN_FLIGHT = 8;  // slots whose loads a thread of the decode slot sum issues together
+constexpr int MAX_SPLITS = 8;      // split-K factor cap (the split-K SiLU loads every split's partials at once)
 constexpr int ELEMENTWISE_THREADS = 256;  // threads per block of the split-K SiLU and the slot sum
 
 }  // namespace samoyeds

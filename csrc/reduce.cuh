@@ -9,8 +9,9 @@
 
 namespace samoyeds {
 
-// act[pos, i] = SiLU(sum_z gate[z, pos, i]) * sum_z up[z, pos, i]
-// act[pos, i] = SiLU(sum_z gate[z, pos, i]) * sum_z up[z, pos, i]
+// act[pos, i] = SiLU(sum_z gate[z, pos, i]) * sum_z up[z, pos, i], the partials added in z order. A thread loads
+// every split's pair before adding any: at decode this kernel is a few round trips to L2, and a loop with an add
+// after each load waited for them one split at a time.
 template <typename T>
 __global__ void silu_mul_splits(const __grid_constant__ MoEParams p) {
   const float* __restrict__ partial = p.gate_up_partial;
@@ -19,11 +20,22 @@ __global__ void silu_mul_splits(const __grid_constant__ MoEParams p) {
   const size_t n = (size_t)slots * inter;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
     const size_t pos = idx / inter, i = idx % inter;
+    float gates[MAX_SPLITS], ups[MAX_SPLITS];
+#pragma unroll
+    for (int z = 0; z < MAX_SPLITS; ++z) {
+      if (z < splits) {
+        const float* row = partial + ((size_t)z * slots + pos) * 2 * inter;
+        gates[z] = row[i];
+        ups[z] = row[inter + i];
+      }
+    }
     float gate = 0.0f, up = 0.0f;
-    for (int z = 0; z < splits; ++z) {
-      const float* row = partial + ((size_t)z * slots + pos) * 2 * inter;
-      gate += row[i];
-      up += row[inter + i];
+#pragma unroll
+    for (int z = 0; z < MAX_SPLITS; ++z) {
+      if (z < splits) {
+        gate += gates[z];
+        up += ups[z];
+      }
     }
     act[idx] = from_float<T>(silu(gate) * up);
   }
@@ -56,12 +68,20 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
   }
 }
 
-// out[t, h] = sum_j sum_z src[z, t * top_k + j, h] over the slots routed to an expert of this rank, in a fixed
-// order (deterministic). SRC is T (no split) or float (split-K partials). Each thread sums VEC consecutive h:
-// 8 (16-byte accesses) for large batches, where this is a stream of T * top_k * H values; 1 for decode, where
-// it is latency-bound and more threads do better (kernels/plan.py picks; hidden is a multiple of 64).
+// out[t, h] = sum_j sum_z src[z, t * top_k + j, h] over the slots routed to an expert of this rank, added in a fixed
+// order (j outer, z inner: deterministic). SRC is T (no split) or float (split-K partials). Each thread sums VEC
+// consecutive h: 8 (16-byte accesses) for large batches, where this is a stream of T * top_k * H values; 1 for
+// decode, where it is latency-bound and more threads do better (kernels/plan.py picks; hidden is a multiple of 64).
+// Without split-K a decode thread issues the loads of SUM_SLOTS_IN_FLIGHT slots (a token's top-k, for k up to 8)
+// before adding any: one round trip to L2 instead of one per slot, which a loop with an add after each load paid
+// (H100, Qwen3 shape, µs of the layer: 20.7 -> 19.0 at T = 1, 187.5 -> 177.8 at T = 512). Split-K partials keep
+// that loop, whose split loop the compiler unrolls on its own (32 registers): every form with slots or splits in
+// flight by hand took 36-46 registers, fewer blocks per SM, and made Mixtral's T = 256 (top-2, down projection
+// split four ways) 1-4% slower. 16-byte vectors keep it too (eight slots took 160-170 registers).
 template <typename T, typename SRC, int VEC>
 __global__ void sum_slots(const __grid_constant__ MoEParams p) {
+  constexpr bool PARTIALS = sizeof(SRC) == 4;  // fp32 split-K partials, not T
+  constexpr int U = VEC == 1 && !PARTIALS ? SUM_SLOTS_IN_FLIGHT : 1;
   const SRC* __restrict__ src = static_cast<const SRC*>(p.y);
   const long long* __restrict__ topk_ids = p.topk_ids;
   T* __restrict__ out = static_cast<T*>(p.out);
@@ -69,14 +89,35 @@ __global__ void sum_slots(const __grid_constant__ MoEParams p) {
   const size_t n = (size_t)tokens * hidden / VEC, slots = (size_t)tokens * top_k;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
     const size_t token = idx * VEC / hidden, h = idx * VEC % hidden;
-    float total[VEC] = {}, part[VEC];
-    for (int j = 0; j < top_k; ++j) {
-      const long long e = topk_ids[token * top_k + j];
-      if (e < 0 || e >= E) continue;
-      for (int z = 0; z < splits; ++z) {
-        load_vec(src + ((size_t)z * slots + token * top_k + j) * hidden + h, part);
+    float total[VEC] = {};
+    if constexpr (U == 1) {
+      float part[VEC];
+      for (int j = 0; j < top_k; ++j) {
+        const long long e = topk_ids[token * top_k + j];
+        if (e < 0 || e >= E) continue;
+        for (int z = 0; z < splits; ++z) {
+          load_vec(src + ((size_t)z * slots + token * top_k + j) * hidden + h, part);
 #pragma unroll
-        for (int q = 0; q < VEC; ++q) total[q] += part[q];
+          for (int q = 0; q < VEC; ++q) total[q] += part[q];
+        }
+      }
+    } else {  // no split-K: splits == 1
+      for (int j0 = 0; j0 < top_k; j0 += U) {
+        bool kept[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const long long e = j0 + u < top_k ? topk_ids[token * top_k + j0 + u] : -1;
+          kept[u] = e >= 0 && e < E;
+        }
+        float part[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (kept[u]) load_vec(src + (token * top_k + j0 + u) * hidden + h, part[u]);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (kept[u])
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) total[q] += part[u][q];
       }
     }
     store_vec(out + idx * VEC, total);

@@ -36,6 +36,7 @@ MAX_EXPERTS = CONSTANTS["MAX_EXPERTS"]
 ROUTE_THREADS = CONSTANTS["ROUTE_THREADS"]
 ROUTE_CHUNK = CONSTANTS["ROUTE_CHUNK"]
 SUM_VEC = CONSTANTS["SUM_VEC"]
+MAX_SPLITS = CONSTANTS["MAX_SPLITS"]  # split-K factor cap
 ELEMENTWISE_THREADS = CONSTANTS["ELEMENTWISE_THREADS"]
 
 #: The activation (and packed value) dtypes the kernels are compiled for, with their CUDA type names.

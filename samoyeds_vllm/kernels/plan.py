@@ -28,6 +28,7 @@ from .geometry import (
     BK,
     ELEMENTWISE_THREADS,
     MAX_EXPERTS,
+    MAX_SPLITS,
     ROUTE_CHUNK,
     SLAB_ROWS,
     SUM_VEC,
@@ -35,13 +36,13 @@ from .geometry import (
     template_name,
 )
 
-MAX_SPLITS = 8  # split-K factor cap
 LONG_K_TILES = 64  # GEMMs this long (k tiles) want two blocks per SM before they are left unsplit
 NARROW_TILES = (8, 16, 32)  # token tiles of decode batches (mma.sp)
 WIDE_BN = 64  # token tiles this wide take the larger block shapes (wgmma on Hopper)
 WS_WIDE_BN = 128  # 2:4 token tiles on Hopper (ws kernel) for batches past WIDE_BN slots per expert
 TAIL_FROM_WAVES = 1.05  # decode grids past this many waves of the preferred block shape may take another (decode_block)
 TAIL_GAIN = 0.95  # ... if its ceil(waves) / waves is below this fraction of the preferred shape's
+ELEMENTWISE_BLOCKS_PER_SM = 8  # 2048 threads per SM in blocks of 256: the most that fit, and CPU plans' count
 HOPPER_WIDE_FROM = 16  # average slots per expert from which Hopper takes WIDE_BN tiles (token_tile_heuristic)
 ROUTE_CHUNKED_FROM = 4 * ROUTE_CHUNK  # batches with at least this many slots count and scatter over many blocks
 MIN_ROW_BLOCK = SLAB_ROWS * 4  # the smallest block (4 warps, one slab): weight rows come in whole blocks of it
@@ -334,8 +335,9 @@ def sum_vec(elements: int, sms: int) -> int:
     return SUM_VEC if elements // SUM_VEC >= 4 * ELEMENTWISE_THREADS * sms else 1
 
 
-def elementwise_grid(n: int, sms: int) -> tuple[int, int, int]:
-    return (max(1, min(-(-n // ELEMENTWISE_THREADS), 8 * sms)), 1, 1)
+def elementwise_grid(n: int, sms: int, blocks_per_sm: int) -> tuple[int, int, int]:
+    """The grid of a grid-stride loop over n threads' work: at most one wave of blocks_per_sm blocks per SM."""
+    return (max(1, min(-(-n // ELEMENTWISE_THREADS), blocks_per_sm * sms)), 1, 1)
 
 
 # ------------------------------------------------------------------------------------------------ the plan
@@ -504,6 +506,15 @@ def _plan(
 
     gate_up, down = gemm(True, config.gate_up), gemm(False, config.down)
     vec = sum_vec(shape.tokens * shape.hidden, device.sms)
+    sum_kernel = template_name("sum_slots", dtype, torch.float32 if down.splits > 1 else dtype, vec)
+    silu_kernel = template_name("silu_mul_splits", dtype)
+
+    def resident(kernel: str) -> int:
+        """Blocks of an elementwise kernel per SM: its grid-stride loop's grid is one wave of them (a grid past one
+        wave runs its last blocks alone: H200, Mixtral's slot sum at T = 256, 6 blocks per SM of a grid of 8)."""
+        per_sm = occupancy(kernel, ELEMENTWISE_THREADS, 0) if occupancy is not None else 0
+        return min(per_sm, ELEMENTWISE_BLOCKS_PER_SM) or ELEMENTWISE_BLOCKS_PER_SM
+
     return MoEPlan(
         token_tile=token_tile,
         num_tiles=tiles,
@@ -511,10 +522,10 @@ def _plan(
         routing_threads=routing_threads(slots, shape.num_experts),
         gate_up=gate_up,
         down=down,
-        sum_kernel=template_name("sum_slots", dtype, torch.float32 if down.splits > 1 else dtype, vec),
-        sum_grid=elementwise_grid(shape.tokens * shape.hidden // vec, device.sms),
-        silu_kernel=template_name("silu_mul_splits", dtype) if gate_up.splits > 1 else None,
-        silu_grid=elementwise_grid(slots * shape.inter, device.sms),
+        sum_kernel=sum_kernel,
+        sum_grid=elementwise_grid(shape.tokens * shape.hidden // vec, device.sms, resident(sum_kernel)),
+        silu_kernel=silu_kernel if gate_up.splits > 1 else None,
+        silu_grid=elementwise_grid(slots * shape.inter, device.sms, resident(silu_kernel)),
     )
 
 

@@ -120,7 +120,7 @@ def test_every_kernel_takes_the_one_parameter_struct():
     kernels = 0
     for path in CSRC.glob("*.cu*"):
         for name, params_list in re.findall(
-            r"__global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(([^)]*)\)", path.read_text()
+            r"__global__ void (?:__launch_bounds__\([^)]*\)\s+)?(\w+)\(([^)]*)\)", path.read_text()
         ):
             kernels += 1
             assert params_list == "const __grid_constant__ MoEParams p", (path.name, name, params_list)

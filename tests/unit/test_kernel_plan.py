@@ -199,7 +199,8 @@ def test_decode_block_rule_only_where_measured_and_never_over_a_forced_or_unfitt
             ordered = plan_moe(shape, pattern, torch.bfloat16, device, fp8)
             # one block per SM: on the A100 at T = 1024 the wave rule would trade 8-warp gate/up blocks for 4-warp
             for occupancy in (_h100_occupancy, lambda name, threads, shared_bytes: 1):
-                assert plan_moe(shape, pattern, torch.bfloat16, device, fp8, occupancy) == ordered
+                plan = plan_moe(shape, pattern, torch.bfloat16, device, fp8, occupancy)
+                assert (plan.token_tile, plan.gate_up, plan.down) == (ordered.token_tile, ordered.gate_up, ordered.down)
     with override_config(KernelConfig(gate_up=GemmConfig(fp8_activations=True))):  # which only the ws shape runs
         forced = plan_moe(LayerShape(2048, **QWEN3), SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy)
     assert forced.gate_up.block == BlockShape("ws", 8, 2) and forced.gate_up.fp8_activations
@@ -421,3 +422,17 @@ def test_forward_params_point_where_the_workspace_holds_each_buffer(tokens):
         assert p.gate_up_partial and not p.x_fp8
     else:
         assert plan.chunks and p.x_fp8 and p.act_scale and not p.gate_up_partial
+
+
+def test_elementwise_grids_are_one_wave_of_the_blocks_that_fit():
+    """The slot sum and the split-K SiLU loop over their elements with one wave of the blocks an SM holds: the
+    kernel's occupancy where the GPU gives it (at most 8 blocks of 256 threads), 8 per SM without it (CPU)."""
+
+    def six_sum_blocks(name: str, threads: int, shared_bytes: int) -> int:
+        return 6 if "sum_slots" in name else _h100_occupancy(name, threads, shared_bytes)
+
+    mixtral = LayerShape(16384, top_k=2, num_experts=8, hidden=4096, inter=14336)  # far past one wave
+    for occupancy, per_sm in ((None, 8), (_h100_occupancy, 8), (six_sum_blocks, 6)):
+        assert plan_moe(mixtral, SAMOYEDS, torch.bfloat16, H100, True, occupancy).sum_grid == (per_sm * SMS, 1, 1)
+    decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100, True, six_sum_blocks)
+    assert decode.sum_grid == (2048 // 256, 1, 1)  # fewer elements than one wave: one thread each
