@@ -337,6 +337,29 @@ def test_the_shipped_deepseek_v3_table_takes_64_token_tiles_where_measured(monke
     kernel_plan._read_table.cache_clear()
 
 
+def test_the_shipped_mixtral_table_keeps_bf16_activations_in_the_down_projection_where_measured(monkeypatch):
+    """configs/kernels/ holds the H200 table of Mixtral-8x7B's FP8 samoyeds layer: at T = 64-128 the down projection
+    multiplies bf16 activations (the ws kernel, FP8 values), gate/up FP8 copies; the heuristics elsewhere."""
+    monkeypatch.delenv(kernel_plan.CONFIG_DIR_ENV, raising=False)
+    kernel_plan._read_table.cache_clear()
+    h200 = Device("NVIDIA H200", (9, 0), 132, "sm_90a")
+    mixtral = dict(top_k=2, num_experts=8, hidden=4096, inter=14336)
+
+    def acts(tokens: int, device: Device = h200) -> tuple[bool, bool]:
+        plan = plan_moe(LayerShape(tokens, **mixtral), SAMOYEDS, torch.bfloat16, device, True)
+        return plan.gate_up.fp8_activations, plan.down.fp8_activations
+
+    assert [acts(t) for t in (1, 64, 128, 256, 1024)] == [
+        (False, False),  # decode tiles (mma.sp) keep bf16 activations
+        (True, False),
+        (True, False),
+        (True, True),
+        (True, True),
+    ]
+    assert acts(64, H100) == (True, True)  # another GPU: the heuristics
+    kernel_plan._read_table.cache_clear()
+
+
 @pytest.mark.parametrize("tokens", [1, 16, 64, 256, 4096, 16384])
 @pytest.mark.parametrize("pattern, fp8", [(SAMOYEDS, False), (SAMOYEDS, True), (TWO_FOUR, True)])
 def test_workspace_holds_each_scratch_buffer_aligned_and_apart(tokens, pattern, fp8):
