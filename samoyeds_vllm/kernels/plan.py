@@ -510,8 +510,9 @@ def _plan(
     silu_kernel = template_name("silu_mul_splits", dtype)
 
     def resident(kernel: str) -> int:
-        """Blocks of an elementwise kernel per SM: its grid-stride loop's grid is one wave of them (a grid past one
-        wave runs its last blocks alone: H200, Mixtral's slot sum at T = 256, 6 blocks per SM of a grid of 8)."""
+        """Blocks of an elementwise kernel per SM: its grid-stride loop's grid is one wave of them, since a grid past
+        one wave runs its last blocks alone (the decode slot sum's 36 registers fit 6 blocks of 256 threads, not 8;
+        not timed apart from the slot sum's loads in flight, docs/benchmarks.md)."""
         per_sm = occupancy(kernel, ELEMENTWISE_THREADS, 0) if occupancy is not None else 0
         return min(per_sm, ELEMENTWISE_BLOCKS_PER_SM) or ELEMENTWISE_BLOCKS_PER_SM
 
