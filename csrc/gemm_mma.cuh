@@ -65,9 +65,18 @@ __device__ __forceinline__ void moe_gemm_body(
   using SelWord = typename SelWordOf<SEGS>::type;
   using SelT = SelTile<SAMOYEDS ? SEGS : 1, SAMOYEDS ? A_ROWS : 16>;
 
+  // GEMM 1's tile map and x come from the kernels just before it; GEMM 2's tile map from the routing index, two or
+  // more launches back, so GEMM 2 reads it before waiting for GEMM 1 (ptx.cuh) and streams its first stages'
+  // weights meanwhile; it waits before it reads act. Every block waits, those without work too: a grid whose
+  // blocks all left before waiting could finish before the kernel before it (a rank of expert parallelism with no
+  // slot routed to its experts).
+  if constexpr (GATE_UP) grid_dependency_wait();
   const int tile = blockIdx.y;
   const int n_rows = tile_rows[tile];
-  if (n_rows == 0) return;
+  if (n_rows == 0) {
+    if constexpr (!GATE_UP) grid_dependency_wait();
+    return;
+  }
   const int expert = tile_expert[tile];
   const int first = tile_start[tile];
   const int half_rows = GATE_UP ? R / 2 : R;
@@ -120,7 +129,7 @@ __device__ __forceinline__ void moe_gemm_body(
   // each stage: held for the whole loop it made ptxas spill in the decode tiles).
   const int n_seg = K / V;
 
-  auto load_stage = [&](int slot, int kt) {
+  auto load_weights = [&](int slot, int kt) {  // the stage's A tile, metadata and row selections
     StageT& s = stages[slot];
 #pragma unroll
     for (int h = 0; h < MT; ++h)
@@ -138,6 +147,9 @@ __device__ __forceinline__ void moe_gemm_body(
                                     [&](int h) { return row0 + h * slab_rows; }, sel_dst);
       cp_async16(&sel_tiles[slot].byte[sel_dst], sel_src, 16);
     }
+  };
+  auto load_tokens = [&](int slot, int kt) {  // the stage's B tile
+    StageT& s = stages[slot];
 #pragma unroll
     for (int j = 0; j < B_ITERS; ++j) {
       const int n = b_col + j * B_STEP;
@@ -152,9 +164,22 @@ __device__ __forceinline__ void moe_gemm_body(
   float acc[MT][NT][4] = {};
   float acc_odd[MT][NT][4] = {};   // unused (optimised away) for 2:4
 
+  // The first STAGES - 1 stages. GEMM 2 commits their weights as groups of their own before the wait and their
+  // tokens after it: the loop's cp_async_wait<STAGES - 2> then still finds stage kt complete (weights of every
+  // prologue stage first, tokens in stage order).
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
+    if (s < k_tiles) {
+      load_weights(s, s);
+      if (GATE_UP) load_tokens(s, s);
+    }
     cp_async_commit();
+  }
+  if constexpr (!GATE_UP) {
+    grid_dependency_wait();
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < k_tiles) load_tokens(s, s);
+      cp_async_commit();
+    }
   }
 
   const int wrow0 = warp * 16;  // this warp's first row inside a slab
@@ -171,7 +196,10 @@ __device__ __forceinline__ void moe_gemm_body(
     __syncthreads();
     SelWord sel[MT][2];
     if constexpr (SAMOYEDS) stage_sel<MT, SEGS, A_ROWS>(sel, sel_tiles[kt % STAGES].byte, sel_rows);
-    if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+    if (kt + STAGES - 1 < k_tiles) {
+      load_weights((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+      load_tokens((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+    }
     cp_async_commit();
     const StageT& s = stages[kt % STAGES];
     uint4 a8[MT][2];  // FP8: rows g and g + 8 of each m tile, the 16 bytes of this thread for all 4 k-steps
@@ -226,6 +254,7 @@ __device__ __forceinline__ void moe_gemm_body(
     if constexpr (WGMMA) wgmma_drain(acc);  // before the stage's shared memory is refilled or d is read
   }
   cp_async_wait<0>();
+  allow_dependents();  // the next kernel's launch and first loads overlap this epilogue (ptx.cuh)
   if constexpr (SAMOYEDS) unfold(acc, acc_odd, kept_odd);
   int crow[MT];
 #pragma unroll

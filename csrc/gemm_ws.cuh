@@ -122,6 +122,7 @@ __device__ __forceinline__ void moe_gemm_ws_body(
     }
   }
   __syncthreads();
+  grid_dependency_wait();  // (ptx.cuh) below, the copier reads the tile map and x or act
 
   const int half_rows = GATE_UP ? R / 2 : R;
   const KRange k_range(K);  // split-K: this block's share of the k tiles

@@ -16,6 +16,10 @@ namespace samoyeds {
 // few KB comes from L1 / L2).
 template <typename T, bool GATE_UP>
 __global__ void quantize_rows(const __grid_constant__ MoEParams p) {
+  // x comes from before the routing index, the kernel launched just before this one: quantizing it needs nothing
+  // that kernel writes, so the wait comes at the end (this kernel's end then still implies the index's). act is
+  // written by the kernel just before.
+  if (!GATE_UP) grid_dependency_wait();
   const T* __restrict__ src = static_cast<const T*>(GATE_UP ? p.x : p.act);
   uint8_t* __restrict__ dst = static_cast<uint8_t*>(GATE_UP ? p.x_fp8 : p.act_fp8);
   float* __restrict__ scale = GATE_UP ? p.x_scale : p.act_scale;
@@ -47,6 +51,7 @@ __global__ void quantize_rows(const __grid_constant__ MoEParams p) {
       out[c] = make_uint2(word[0], word[1]);
     }
   }
+  if (GATE_UP) grid_dependency_wait();
 }
 
 }  // namespace samoyeds

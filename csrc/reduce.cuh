@@ -14,6 +14,7 @@ namespace samoyeds {
 // after each load waited for them one split at a time.
 template <typename T>
 __global__ void silu_mul_splits(const __grid_constant__ MoEParams p) {
+  grid_dependency_wait();
   const float* __restrict__ partial = p.gate_up_partial;
   T* __restrict__ act = static_cast<T*>(p.act);
   const int splits = p.gate_up_splits, slots = p.slots, inter = p.inter;
@@ -80,6 +81,7 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
 // split four ways) 1-4% slower. 16-byte vectors keep it too (eight slots took 160-170 registers).
 template <typename T, typename SRC, int VEC>
 __global__ void sum_slots(const __grid_constant__ MoEParams p) {
+  grid_dependency_wait();
   constexpr bool PARTIALS = sizeof(SRC) == 4;  // fp32 split-K partials, not T
   constexpr int U = VEC == 1 && !PARTIALS ? SUM_SLOTS_IN_FLIGHT : 1;
   const SRC* __restrict__ src = static_cast<const SRC*>(p.y);

@@ -104,6 +104,7 @@ __device__ void place_slots(const long long* __restrict__ topk_ids, int begin, i
 // slots: count_slots writes each chunk's per-expert counts, build_routing_index turns them into each chunk's first
 // sorted position per expert, scatter_slots places the chunk's slots from there.
 __global__ void __launch_bounds__(ROUTE_THREADS) count_slots(const __grid_constant__ MoEParams p) {
+  grid_dependency_wait();
   __shared__ int counts[MAX_EXPERTS];
   const int E = p.num_experts;
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
@@ -116,6 +117,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) count_slots(const __grid_consta
 
 // chunk_counts holds each chunk's first sorted position per expert by now (build_routing_index wrote them).
 __global__ void __launch_bounds__(ROUTE_THREADS) scatter_slots(const __grid_constant__ MoEParams p) {
+  grid_dependency_wait();
   __shared__ int cursor[MAX_EXPERTS];
   const int E = p.num_experts;
   for (int e = threadIdx.x; e < E; e += blockDim.x) cursor[e] = p.chunk_counts[(size_t)blockIdx.x * E + e];
@@ -128,6 +130,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) scatter_slots(const __grid_cons
 // chunk counts of count_slots and overwrites them with each chunk's first sorted position per expert, for
 // scatter_slots to run next. Then writes the tile map of both GEMMs.
 __global__ void __launch_bounds__(1024, 1) build_routing_index(const __grid_constant__ MoEParams p) {
+  grid_dependency_wait();
   __shared__ int counts[MAX_EXPERTS], first[MAX_EXPERTS], cursor[MAX_EXPERTS], tile_end[MAX_EXPERTS];
   __shared__ int warp_sums[32];
   const int E = p.num_experts, chunks = p.chunks;

@@ -10,6 +10,7 @@ source page maps SASS to csrc lines (benchmarks/ncu_moe.py).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -108,13 +109,64 @@ def occupancy(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False
     return blocks_per_sm
 
 
-def launch(function: int, grid: tuple[int, int, int], threads: int, shared_bytes: int, stream: int, args: int) -> None:
-    """One launch through CuPy's binding of cuLaunchKernel on the raw stream handle. CuPy's own kernel call works
-    out a C type for a NumPy struct argument on every launch (NumPy's dtype.descr over MoEParams' fields): that was
-    about half of the layer's host time, which bounds vLLM's steps that run without CUDA graphs (H200,
-    2026-11-26, benchmarks/host_overhead.py). function: a CUfunction (`kernel(...).kernel.ptr`, looked up inside
-    cupy.cuda.Device of the tensors' GPU); args: the address of the array of argument addresses that
-    cuLaunchKernel takes; it copies the arguments at the launch, so a captured CUDA graph keeps their values."""
-    import cupy
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute (cuda.h): an attribute id, then its value, a 64-byte union, at byte 8."""
 
-    cupy.cuda.driver.launchKernel(function, *grid, threads, 1, 1, shared_bytes, stream, args, 0)
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuda.h), the first argument of cuLaunchKernelEx."""
+
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_bytes", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def dependent_launches(arch: str) -> bool:
+    """Whether the kernels compiled for `arch` are launched as programmatic dependent launches (csrc/ptx.cuh,
+    grid_dependency_wait): from sm_90, where they wait in the kernel for the kernel before them; a kernel compiled
+    for an older target has no such wait and must start after the one before it has finished.
+    SAMOYEDS_DEPENDENT_LAUNCH=0 launches them in plain stream order (A/B timing, debugging)."""
+    return int(arch[3:5]) >= 90 and os.environ.get("SAMOYEDS_DEPENDENT_LAUNCH", "1") != "0"
+
+
+def launch_config(grid: tuple[int, int, int], threads: int, shared_bytes: int, dependent: bool) -> LaunchConfig:
+    """A launch's CUlaunchConfig, made once per plan; `launch` sets its stream. dependent: the launch may start
+    while the kernel before it in the stream still runs (programmatic stream serialization)."""
+    config = LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(threads, 1, 1))
+    config.shared_bytes = shared_bytes
+    if dependent:
+        attribute = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+        attribute.value[0] = 1  # programmaticStreamSerializationAllowed
+        config.attrs, config.num_attrs = ctypes.pointer(attribute), 1
+    return config
+
+
+@functools.cache
+def _cu_launch_kernel_ex():
+    function = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    function.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    function.restype = ctypes.c_int
+    return function
+
+
+def launch(function: int, config: LaunchConfig, stream: int, args: int) -> None:
+    """One launch through the driver's cuLaunchKernelEx (ctypes; CuPy binds only cuLaunchKernel, which takes no
+    attributes) on the raw stream handle, with a config that launch_config made once per plan: what a forward asks
+    of the host bounds vLLM's steps that run without CUDA graphs (H200, 2026-11-26, benchmarks/host_overhead.py).
+    function: a CUfunction (`kernel(...).kernel.ptr`, looked up inside cupy.cuda.Device of the tensors' GPU); args:
+    the address of the array of argument addresses; the driver copies the arguments at the launch, so a captured
+    CUDA graph keeps their values. The config is shared by every forward of its plan: one thread launches."""
+    config.stream = stream
+    status = _cu_launch_kernel_ex()(ctypes.byref(config), function, args, None)
+    if status:
+        raise SamoyedsError(f"cuLaunchKernelEx failed: CUresult {status} (cuda.h names the codes)")

@@ -8,6 +8,9 @@ Kernels run on torch's current stream with no host synchronisation, so vLLM capt
 4. the sum over the top-k slots of each token (a fixed order: deterministic).
 With FP8 values, Hopper's ws kernel multiplies FP8 copies of its activations (e4m3 bytes and a scale per row, made
 by one small kernel before each GEMM: csrc/quantize.cuh) unless a kernel config says otherwise.
+From Hopper on, each launch is a programmatic dependent launch: its blocks may start while the kernel before it
+still runs, and wait inside the kernel where they read what that kernel wrote (csrc/ptx.cuh), so a launch's start
+and what it can do early (GEMM 2's first weight stages, the copy of x in FP8) overlap the kernel before.
 Batches too small to fill the GPU split K over blockIdx.z into fp32 partials, which the SiLU kernel after GEMM 1
 and step 4 reduce. SAMOYEDS_POISON=1 (tests) fills the intermediate activations with NaN before GEMM 1, so an
 element the kernels fail to write shows up in the output.
@@ -80,9 +83,9 @@ def workspace_layout(plan: MoEPlan, shape: LayerShape, dtype: torch.dtype) -> Wo
 @dataclass(frozen=True)
 class _Forward:
     """What a plan asks of the host on every forward, looked up once: the launches in order, as (CUfunction,
-    grid, threads, dynamic shared bytes), and the workspace."""
+    CUlaunchConfig), and the workspace."""
 
-    launches: tuple[tuple[int, tuple[int, int, int], int, int], ...]
+    launches: tuple[tuple[int, build.LaunchConfig], ...]
     workspace: Workspace
 
 
@@ -92,10 +95,11 @@ def _forward(
 ) -> _Forward:
     """Run inside cupy.cuda.Device(gpu): a CUfunction belongs to the context it was loaded in."""
     launches = []
+    dependent = build.dependent_launches(arch)
 
     def launch(name: str, grid: tuple, threads: int, shared_bytes: int = 0) -> None:
         function = build.kernel(dtype, pattern, arch, fp8, name, shared_bytes).kernel.ptr
-        launches.append((function, (*grid, 1, 1)[:3], threads, shared_bytes))
+        launches.append((function, build.launch_config((*grid, 1, 1)[:3], threads, shared_bytes, dependent)))
 
     if plan.chunks:
         launch(template_name("count_slots"), (plan.chunks,), ROUTE_THREADS)
@@ -158,8 +162,8 @@ def moe_experts(
         # the raw handle of torch's current stream, as the code torch.compile generates reads it (torch.cuda's
         # current_stream builds a Stream object per call)
         stream = torch._C._cuda_getCurrentRawStream(gpu)
-        for function, grid, threads, shared_bytes in forward.launches:
-            build.launch(function, grid, threads, shared_bytes, stream, arg_addresses.ctypes.data)
+        for function, config in forward.launches:
+            build.launch(function, config, stream, arg_addresses.ctypes.data)
     return out
 
 

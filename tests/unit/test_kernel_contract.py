@@ -2,6 +2,7 @@
 struct (params.cuh) against its mirror in kernels/params.py (names, order, offsets, size), the constants of
 config.cuh as kernels/geometry.py reads them, and the shared-memory stage sizes the plan asks for (tiles.cuh)."""
 
+import ctypes
 import dataclasses
 import re
 import shutil
@@ -51,6 +52,17 @@ def _compiler() -> list[str]:
     pytest.skip("needs nvcc to compile the CUDA headers on the host")
 
 
+# build.LaunchConfig's fields and the CUlaunchConfig members they stand for
+_LAUNCH_CONFIG_MEMBERS = [
+    ("grid", "gridDimX"),
+    ("block", "blockDimX"),
+    ("shared_bytes", "sharedMemBytes"),
+    ("stream", "hStream"),
+    ("attrs", "attrs"),
+    ("num_attrs", "numAttrs"),
+]
+
+
 @pytest.fixture(scope="module")
 def compiled_layout(tmp_path_factory) -> dict[str, int]:
     """Offsets, sizes and constants printed by a host program built from the headers themselves."""
@@ -68,7 +80,9 @@ def compiled_layout(tmp_path_factory) -> dict[str, int]:
         }
     )
     lines = [
+        "#include <cstddef>",
         "#include <cstdio>",
+        "#include <cuda.h>",
         '#include "config.cuh"',
         '#include "params.cuh"',
         '#include "tiles.cuh"',
@@ -82,6 +96,18 @@ def compiled_layout(tmp_path_factory) -> dict[str, int]:
     lines += [
         f'  printf("stage_{bn}_{rows}_{vb}_{ab} %zu\\n", sizeof(Stage<{bn}, {rows}, {vb}, {str(ab == 1).lower()}>));'
         for bn, rows, vb, ab in stages
+    ]
+    # build.py's ctypes mirrors of cuLaunchKernelEx's structs
+    lines += [
+        '  printf("CUlaunchConfig %zu\\n", sizeof(CUlaunchConfig));',
+        '  printf("CUlaunchAttribute %zu\\n", sizeof(CUlaunchAttribute));',
+        '  printf("CUlaunchAttribute.value %zu\\n", offsetof(CUlaunchAttribute, value));',
+        '  printf("PROGRAMMATIC_STREAM_SERIALIZATION %d\\n", '
+        "(int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);",
+    ]
+    lines += [
+        f'  printf("CUlaunchConfig.{name} %zu\\n", offsetof(CUlaunchConfig, {member}));'
+        for name, member in _LAUNCH_CONFIG_MEMBERS
     ]
     lines += ["  return 0;", "}"]
     work = tmp_path_factory.mktemp("contract")
@@ -127,28 +153,68 @@ def test_every_kernel_takes_the_one_parameter_struct():
     assert kernels == 8  # 3 routing, 2 GEMM, 2 reductions, the FP8 quantization of activations
 
 
-def test_a_launch_passes_cuLaunchKernel_the_struct_address(monkeypatch):
-    """build.launch hands CuPy's cuLaunchKernel binding the CUfunction, the grid, the block, the shared memory,
-    the raw stream and the kernelParams array (here a fake CuPy records the call: no GPU on CI)."""
-    import sys
-    import types
+def test_launch_structs_match_cuda_h(compiled_layout):
+    """The ctypes mirrors build.launch hands cuLaunchKernelEx have cuda.h's sizes and offsets."""
+    from samoyeds_vllm.kernels import build
 
+    assert compiled_layout["CUlaunchConfig"] == ctypes.sizeof(build.LaunchConfig)
+    for name, _ in _LAUNCH_CONFIG_MEMBERS:
+        assert compiled_layout[f"CUlaunchConfig.{name}"] == getattr(build.LaunchConfig, name).offset, name
+    assert compiled_layout["CUlaunchAttribute"] == ctypes.sizeof(build.LaunchAttribute)
+    assert compiled_layout["CUlaunchAttribute.value"] == build.LaunchAttribute.value.offset
+    assert compiled_layout["PROGRAMMATIC_STREAM_SERIALIZATION"] == build.PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def test_a_launch_passes_cuLaunchKernelEx_its_config_and_the_struct_address(monkeypatch):
+    """build.launch hands cuLaunchKernelEx the config (grid, block, shared memory, the raw stream, and from sm_90
+    the programmatic-serialization attribute), the CUfunction and the kernelParams array (here a fake driver
+    function records the call: no GPU on CI); a failing launch raises."""
     import numpy as np
 
+    from samoyeds_vllm.errors import SamoyedsError
     from samoyeds_vllm.kernels import build
 
     calls = []
-    driver = types.SimpleNamespace(launchKernel=lambda *args: calls.append(args))
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(driver=driver)))
+
+    def fake(config, function, args, extra):
+        c = config._obj
+        attrs = [(c.attrs[i].id, c.attrs[i].value[0]) for i in range(c.num_attrs)]
+        calls.append((tuple(c.grid), tuple(c.block), c.shared_bytes, c.stream, attrs, function, args, extra))
+        return 0 if function != 0xBAD else 500
+
+    monkeypatch.setattr(build, "_cu_launch_kernel_ex", lambda: fake)
+    monkeypatch.delenv("SAMOYEDS_DEPENDENT_LAUNCH", raising=False)
     struct = np.zeros((), dtype=params.struct_dtype(params.MoEParams))
     addresses = np.array([struct.ctypes.data], dtype=np.uintp)
-    build.launch(0xF00, (7, 1, 1), 128, 0, 0x5, addresses.ctypes.data)
-    build.launch(0xF00, (3, 2, 4), 384, 99 * 1024, 0x5, addresses.ctypes.data)
+    hopper = build.launch_config((3, 2, 4), 384, 99 * 1024, build.dependent_launches("sm_90a"))
+    ampere = build.launch_config((7, 1, 1), 128, 0, build.dependent_launches("sm_80"))
+    build.launch(0xF00, hopper, 0x5, addresses.ctypes.data)
+    build.launch(0xF00, ampere, 0x6, addresses.ctypes.data)
     assert calls == [
-        (0xF00, 7, 1, 1, 128, 1, 1, 0, 0x5, addresses.ctypes.data, 0),
-        (0xF00, 3, 2, 4, 384, 1, 1, 99 * 1024, 0x5, addresses.ctypes.data, 0),
+        ((3, 2, 4), (384, 1, 1), 99 * 1024, 0x5, [(6, 1)], 0xF00, addresses.ctypes.data, None),
+        ((7, 1, 1), (128, 1, 1), 0, 0x6, [], 0xF00, addresses.ctypes.data, None),
     ]
     assert int(np.frombuffer(addresses.tobytes(), np.uintp)[0]) == struct.ctypes.data  # kernelParams[0] -> struct
+    with pytest.raises(SamoyedsError, match="CUresult 500"):
+        build.launch(0xBAD, ampere, 0x6, addresses.ctypes.data)
+    monkeypatch.setenv("SAMOYEDS_DEPENDENT_LAUNCH", "0")
+    assert not build.dependent_launches("sm_90a")
+
+
+def test_every_kernel_waits_for_the_kernel_before_it():
+    """From sm_90 every launch may start before the kernel before it has finished (build.dependent_launches), so
+    each kernel of csrc/ calls grid_dependency_wait, itself or in the body it calls; a kernel without it would read
+    its inputs before they are written."""
+    text = "".join(path.read_text() for path in sorted(CSRC.glob("*.cu*")))
+    kernels = re.findall(r"__global__ void (?:__launch_bounds__\([^)]*\)\s+)?(\w+)\(.*?\n}\n", text, re.S)
+    assert len(kernels) == 8
+    for match in re.finditer(r"__global__ void (?:__launch_bounds__\([^)]*\)\s+)?(\w+)\((.*?)\n}\n", text, re.S):
+        name, body = match[1], match[2]
+        called_body = re.search(r"(\w+_body)<", body)
+        if called_body:
+            definition = re.search(rf"void {called_body[1]}\((.*?)\n}}\n", text, re.S)
+            body += definition[1]
+        assert re.search(r"\bgrid_dependency_wait\(\)", body), name
 
 
 def test_kernel_arg_bytes_hold_every_field_at_its_offset():
