@@ -39,10 +39,7 @@ def _sources_hash() -> str:
     return digest.hexdigest()[:16]
 
 
-@functools.cache
-def module(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False):
-    """The compiled kernels of one dtype and pattern for one GPU architecture, for values of dtype or FP8 values
-    (compiled once per process, loaded from CuPy's disk cache after the first time)."""
+def _cupy():
     try:
         import cupy
     except ImportError:
@@ -50,6 +47,20 @@ def module(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False):
             "samoyeds GPU kernels are compiled at first use with CuPy: pip install samoyeds-vllm[gpu-cu13] (or "
             "[gpu-cu12] to match a CUDA 12 driver)"
         ) from None
+    return cupy
+
+
+def module(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False):
+    """The compiled kernels of one dtype and pattern for one GPU architecture, for values of dtype or FP8 values
+    (compiled once per process, loaded from CuPy's disk cache after the first time), loaded into the context of
+    CuPy's current device: a CUfunction belongs to the context it was loaded in, so each GPU a process drives gets
+    its own (call inside cupy.cuda.Device of the tensors' GPU)."""
+    return _module(dtype, pattern, arch, fp8, _cupy().cuda.runtime.getDevice())
+
+
+@functools.cache
+def _module(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, device: int):
+    cupy = _cupy()
     if dtype not in CTYPES:
         raise SamoyedsError(f"the samoyeds GPU kernels run bf16 / fp16 activations, not {dtype}")
     _check_cuda_majors(cupy.cuda.runtime.runtimeGetVersion() // 1000, torch.version.cuda)
@@ -80,11 +91,15 @@ def _check_cuda_majors(cupy_major: int, torch_cuda: str | None) -> None:
         )
 
 
-@functools.cache
 def kernel(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, name: str, shared_bytes: int = 0):
-    """One kernel of the module, looked up once (the forward runs on every decode step), allowed `shared_bytes`
-    of dynamic shared memory."""
-    function = module(dtype, pattern, arch, fp8).get_function(name)
+    """One kernel of the module of CuPy's current device, looked up once (the forward runs on every decode step),
+    allowed `shared_bytes` of dynamic shared memory."""
+    return _kernel(dtype, pattern, arch, fp8, name, shared_bytes, _cupy().cuda.runtime.getDevice())
+
+
+@functools.cache
+def _kernel(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, name: str, shared_bytes: int, device: int):
+    function = _module(dtype, pattern, arch, fp8, device).get_function(name)
     if shared_bytes:
         function.max_dynamic_shared_size_bytes = shared_bytes
     return function
@@ -94,7 +109,8 @@ def kernel(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, name: str
 def occupancy(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool = False) -> Occupancy:
     """plan.Occupancy for the kernels of one module: blocks per SM from the driver's occupancy calculator, which
     knows the compiled kernel's registers as well as its shared memory; 0 for a kernel whose shared memory the GPU
-    cannot give. The returned function must be called inside cupy.cuda.Device of the GPU."""
+    cannot give. The returned function must be called inside cupy.cuda.Device of the GPU; its answers are those
+    of every GPU of the architecture (the same compiled kernels on the same SM), so they are cached per module."""
 
     @functools.cache
     def blocks_per_sm(name: str, threads: int, shared_bytes: int) -> int:

@@ -255,3 +255,49 @@ def test_kernel_arg_bytes_hold_every_field_at_its_offset():
 
     cover(dtype, 0)
     assert not covered.all() and not arg[~covered].any()
+
+
+def test_each_gpu_gets_its_own_module_and_kernels(monkeypatch):
+    """A CUfunction belongs to the context it was loaded in: build.module and build.kernel load the kernels once
+    for each GPU a process drives (CuPy's current device), not once per process (a fake CuPy: no GPU on CI)."""
+    import sys
+    import types
+
+    import torch
+
+    from samoyeds_vllm.format import Pattern
+    from samoyeds_vllm.kernels import build
+
+    current = {"device": 0}
+    loaded = []
+
+    class FakeModule:
+        def __init__(self, code, options, name_expressions):
+            self.device = current["device"]
+            loaded.append(self.device)
+
+        def compile(self):
+            pass
+
+        def get_function(self, name):
+            return types.SimpleNamespace(device=self.device, name=name)
+
+    runtime = types.SimpleNamespace(getDevice=lambda: current["device"], runtimeGetVersion=lambda: 13000)
+    compiler = types.SimpleNamespace(CompileException=RuntimeError)
+    cupy = types.SimpleNamespace(RawModule=FakeModule, cuda=types.SimpleNamespace(runtime=runtime, compiler=compiler))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    build._module.cache_clear()
+    build._kernel.cache_clear()
+    try:
+        args = (torch.bfloat16, Pattern("samoyeds", 128), "sm_90a", True)
+        first = build.kernel(*args, "samoyeds::build_routing_index")
+        current["device"] = 1
+        second = build.kernel(*args, "samoyeds::build_routing_index")
+        current["device"] = 0
+        again = build.kernel(*args, "samoyeds::build_routing_index")
+        assert (first.device, second.device) == (0, 1) and again is first
+        assert loaded == [0, 1] and build.module(*args).device == 0
+    finally:
+        build._module.cache_clear()
+        build._kernel.cache_clear()
