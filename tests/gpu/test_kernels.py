@@ -157,6 +157,42 @@ def test_fresh_inputs_every_run():
         check(shape, pattern, 33, seed=seed)
 
 
+@pytest.mark.parametrize("values", [None, FP8], ids=["values-bf16", "values-fp8"])
+@pytest.mark.parametrize("tokens", [1, 16, 256])
+@pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_cuda_graph_replays_match_eager_calls(shape, tokens, values):
+    """In a CUDA graph (as vLLM and the benchmarks run the layer) the launches keep their programmatic dependency
+    on the kernel before (kernels/build.py, dependent_launches): the graph replayed on new inputs gives the bits of
+    an eager call on them."""
+    pattern = PATTERNS["samoyeds"]
+    problem = make_problem(preset_shape(shape), pattern, tokens, seed=13, values=values)
+    x, weights, ids = problem.x.clone(), problem.topk_weights.clone(), problem.topk_ids.clone()
+
+    def layer():
+        return kernels.moe_experts(x, weights, ids, problem.packed13, problem.packed2, pattern)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compiles and plans outside the capture
+        layer()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer()
+    generator = torch.Generator(device=x.device).manual_seed(14)
+    num_experts, top_k = problem.packed13.values.shape[0], ids.shape[1]
+    for _ in range(3):
+        x.copy_(torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype))
+        scores = torch.rand(tokens, num_experts, generator=generator, device=x.device)
+        top = scores.topk(top_k, dim=1)
+        ids.copy_(top.indices)
+        weights.copy_(top.values / top.values.sum(dim=1, keepdim=True))
+        graph.replay()
+        eager = layer()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
 # ---------------------------------------------------------------------------------------------- FP8 values
 
 
