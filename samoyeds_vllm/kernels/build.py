@@ -152,7 +152,7 @@ def dependent_launches(arch: str) -> bool:
     grid_dependency_wait): from sm_90, where they wait in the kernel for the kernel before them; a kernel compiled
     for an older target has no such wait and must start after the one before it has finished.
     SAMOYEDS_DEPENDENT_LAUNCH=0 launches them in plain stream order (A/B timing, debugging)."""
-    return int(arch[3:5]) >= 90 and os.environ.get("SAMOYEDS_DEPENDENT_LAUNCH", "1") != "0"
+    return int(arch[3:].rstrip("af")) >= 90 and os.environ.get("SAMOYEDS_DEPENDENT_LAUNCH", "1") != "0"
 
 
 def launch_config(grid: tuple[int, int, int], threads: int, shared_bytes: int, dependent: bool) -> LaunchConfig:
