@@ -14,6 +14,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 from importlib import resources
 
 import torch
@@ -152,7 +153,7 @@ def dependent_launches(arch: str) -> bool:
     grid_dependency_wait): from sm_90, where they wait in the kernel for the kernel before them; a kernel compiled
     for an older target has no such wait and must start after the one before it has finished.
     SAMOYEDS_DEPENDENT_LAUNCH=0 launches them in plain stream order (A/B timing, debugging)."""
-    return int(arch[3:].rstrip("af")) >= 90 and os.environ.get("SAMOYEDS_DEPENDENT_LAUNCH", "1") != "0"
+    return int(re.search(r"\d+", arch)[0]) >= 90 and os.environ.get("SAMOYEDS_DEPENDENT_LAUNCH", "1") != "0"
 
 
 def launch_config(grid: tuple[int, int, int], threads: int, shared_bytes: int, dependent: bool) -> LaunchConfig:
@@ -181,8 +182,10 @@ def launch(function: int, config: LaunchConfig, stream: int, args: int) -> None:
     of the host bounds vLLM's steps that run without CUDA graphs (H200, 2026-11-26, benchmarks/host_overhead.py).
     function: a CUfunction (`kernel(...).kernel.ptr`, looked up inside cupy.cuda.Device of the tensors' GPU); args:
     the address of the array of argument addresses; the driver copies the arguments at the launch, so a captured
-    CUDA graph keeps their values. The config is shared by every forward of its plan: one thread launches."""
-    config.stream = stream
-    status = _cu_launch_kernel_ex()(ctypes.byref(config), function, args, None)
+    CUDA graph keeps their values. The config is shared by every forward of its plan, so each launch sets its
+    stream in a copy (threads may launch one plan on different streams; the driver call releases the GIL)."""
+    call = LaunchConfig.from_buffer_copy(config)  # its attribute pointer still points into `config`'s
+    call.stream = stream
+    status = _cu_launch_kernel_ex()(ctypes.byref(call), function, args, None)
     if status:
         raise SamoyedsError(f"cuLaunchKernelEx failed: CUresult {status} (cuda.h names the codes)")

@@ -12,6 +12,7 @@ from samoyeds_vllm import kernels
 from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.format import FP8, Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape
+from samoyeds_vllm.kernels import launch as kernel_launch
 from samoyeds_vllm.kernels.plan import block_shapes, device_of, token_tiles
 from samoyeds_vllm.tools.moe_problem import (
     BF16_TOLERANCE,
@@ -160,10 +161,10 @@ def test_fresh_inputs_every_run():
 @pytest.mark.parametrize("values", [None, FP8], ids=["values-bf16", "values-fp8"])
 @pytest.mark.parametrize("tokens", [1, 16, 256])
 @pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "mixtral-8x7b"])
-def test_cuda_graph_replays_match_eager_calls(shape, tokens, values):
+def test_cuda_graph_replays_match_eager_calls(shape, tokens, values, monkeypatch):
     """In a CUDA graph (as vLLM and the benchmarks run the layer) the launches keep their programmatic dependency
     on the kernel before (kernels/build.py, dependent_launches): the graph replayed on new inputs gives the bits of
-    an eager call on them."""
+    an eager call on them, with dependent launches and in plain stream order."""
     pattern = PATTERNS["samoyeds"]
     problem = make_problem(preset_shape(shape), pattern, tokens, seed=13, values=values)
     x, weights, ids = problem.x.clone(), problem.topk_weights.clone(), problem.topk_ids.clone()
@@ -189,8 +190,13 @@ def test_cuda_graph_replays_match_eager_calls(shape, tokens, values):
         weights.copy_(top.values / top.values.sum(dim=1, keepdim=True))
         graph.replay()
         eager = layer()
+        monkeypatch.setenv("SAMOYEDS_DEPENDENT_LAUNCH", "0")
+        kernel_launch._forward.cache_clear()  # the launches' configs are made once per plan
+        in_stream_order = layer()
+        monkeypatch.delenv("SAMOYEDS_DEPENDENT_LAUNCH")
+        kernel_launch._forward.cache_clear()
         torch.cuda.synchronize()
-        assert torch.equal(out, eager)
+        assert torch.equal(out, eager) and torch.equal(out, in_stream_order)
 
 
 # ---------------------------------------------------------------------------------------------- FP8 values

@@ -197,13 +197,9 @@ def test_a_launch_passes_cuLaunchKernelEx_its_config_and_the_struct_address(monk
     assert int(np.frombuffer(addresses.tobytes(), np.uintp)[0]) == struct.ctypes.data  # kernelParams[0] -> struct
     with pytest.raises(SamoyedsError, match="CUresult 500"):
         build.launch(0xBAD, ampere, 0x6, addresses.ctypes.data)
-    assert [build.dependent_launches(arch) for arch in ("sm_80", "sm_89", "sm_90", "sm_100a", "sm_120")] == [
-        False,
-        False,
-        True,
-        True,
-        True,
-    ]
+    archs = ("sm_80", "sm_89", "sm_90", "compute_90a", "sm_100a", "sm_120")
+    assert [build.dependent_launches(arch) for arch in archs] == [False, False, True, True, True, True]
+    assert hopper.stream is None  # each launch set its stream in a copy
     monkeypatch.setenv("SAMOYEDS_DEPENDENT_LAUNCH", "0")
     assert not build.dependent_launches("sm_90a")
 
