@@ -140,14 +140,16 @@ def test_stage_sizes_match_the_plans_shared_memory(compiled_layout):
     assert BlockShape("ws", 8, 2).a_rows == 256
 
 
+#: The start of a kernel's definition in csrc/, up to its name and the parenthesis after it.
+KERNEL_DEFINITION = r"__global__ void (?:__launch_bounds__\([^)]*\)\s+)?(\w+)\("
+
+
 def test_every_kernel_takes_the_one_parameter_struct():
     """No kernel of csrc/ takes positional launch arguments: each __global__ function's parameter list is one
     MoEParams, so the host fills one struct (kernels/launch.py) instead of mirroring argument lists."""
     kernels = 0
     for path in CSRC.glob("*.cu*"):
-        for name, params_list in re.findall(
-            r"__global__ void (?:__launch_bounds__\([^)]*\)\s+)?(\w+)\(([^)]*)\)", path.read_text()
-        ):
+        for name, params_list in re.findall(KERNEL_DEFINITION + r"([^)]*)\)", path.read_text()):
             kernels += 1
             assert params_list == "const __grid_constant__ MoEParams p", (path.name, name, params_list)
     assert kernels == 8  # 3 routing, 2 GEMM, 2 reductions, the FP8 quantization of activations
@@ -209,9 +211,9 @@ def test_every_kernel_waits_for_the_kernel_before_it():
     each kernel of csrc/ calls grid_dependency_wait, itself or in the body it calls; a kernel without it would read
     its inputs before they are written."""
     text = "".join(path.read_text() for path in sorted(CSRC.glob("*.cu*")))
-    kernels = re.findall(r"__global__ void (?:__launch_bounds__\([^)]*\)\s+)?(\w+)\(.*?\n}\n", text, re.S)
+    kernels = list(re.finditer(KERNEL_DEFINITION + r"(.*?)\n}\n", text, re.S))
     assert len(kernels) == 8
-    for match in re.finditer(r"__global__ void (?:__launch_bounds__\([^)]*\)\s+)?(\w+)\((.*?)\n}\n", text, re.S):
+    for match in kernels:
         name, body = match[1], match[2]
         called_body = re.search(r"(\w+_body)<", body)
         if called_body:
