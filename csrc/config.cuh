@@ -31,5 +31,6 @@ constexpr int SUM_VEC = 8;
 constexpr int SUM_SLOTS_IN_FLIGHT = 8;  // slots whose loads a thread of the decode slot sum issues together
 constexpr int MAX_SPLITS = 8;      // split-K factor cap (the split-K SiLU loads every split's partials at once)
 constexpr int ELEMENTWISE_THREADS = 256;  // threads per block of the split-K SiLU and the slot sum
+constexpr int QUANTIZE_CHUNKS_IN_FLIGHT = 8;  // 16-byte chunks of a row each lane of quantize_rows loads together
 
 }  // namespace samoyeds

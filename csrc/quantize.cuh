@@ -12,8 +12,10 @@
 
 namespace samoyeds {
 
-// One warp per row, 16-byte loads: the row's magnitude first, then the bytes (the second read of a row of at most a
-// few KB comes from L1 / L2).
+// One warp per row, 16-byte loads, each lane's QUANTIZE_CHUNKS_IN_FLIGHT chunks of a round loaded before any is
+// used: a row of up to 32 x 8 chunks (2048 inputs of bf16: Qwen3's hidden size and the intermediate sizes of every
+// preset up to 2048) is read once, in one round trip, and quantized from registers; a longer row is read in rounds,
+// twice (its magnitude, then its bytes). A loop with one load per iteration waited for a round trip per chunk.
 template <typename T, bool GATE_UP>
 __global__ void quantize_rows(const __grid_constant__ MoEParams p) {
   // x comes from before the routing index, the kernel launched just before this one: quantizing it needs nothing
@@ -24,31 +26,48 @@ __global__ void quantize_rows(const __grid_constant__ MoEParams p) {
   uint8_t* __restrict__ dst = static_cast<uint8_t*>(GATE_UP ? p.x_fp8 : p.act_fp8);
   float* __restrict__ scale = GATE_UP ? p.x_scale : p.act_scale;
   const int rows = GATE_UP ? p.tokens : p.slots, K = GATE_UP ? p.hidden : p.inter;  // K: whole k tiles of BK
-  constexpr int WARPS = ELEMENTWISE_THREADS / 32;
+  constexpr int WARPS = ELEMENTWISE_THREADS / 32, U = QUANTIZE_CHUNKS_IN_FLIGHT, ROUND = 32 * U;
   const int lane = threadIdx.x & 31, chunks = K / 8;
   for (int row = blockIdx.x * WARPS + threadIdx.x / 32; row < rows; row += gridDim.x * WARPS) {
     const uint4* in = reinterpret_cast<const uint4*>(src + (size_t)row * K);
-    float amax = 0.0f;
-    for (int c = lane; c < chunks; c += 32) {
-      const uint4 v = in[c];
-      const T* e = reinterpret_cast<const T*>(&v);
+    uint4 v[U];  // the round's chunks (lane + 32 u); a one-round row keeps them for the bytes
+    auto load_round = [&](int base) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf((float)e[i]));
+      for (int u = 0; u < U; ++u)
+        if (base + 32 * u + lane < chunks) v[u] = in[base + 32 * u + lane];
+    };
+    float amax = 0.0f;
+    for (int base = 0; base < chunks; base += ROUND) {
+      load_round(base);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (base + 32 * u + lane < chunks) {
+          const T* e = reinterpret_cast<const T*>(&v[u]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf((float)e[i]));
+        }
+      }
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
     if (lane == 0) scale[row] = amax / 448.0f;
     uint2* out = reinterpret_cast<uint2*>(dst + (size_t)row * K);
-    for (int c = lane; c < chunks; c += 32) {
-      const uint4 v = in[c];
-      const T* e = reinterpret_cast<const T*>(&v);
-      unsigned word[2];
+    for (int base = 0; base < chunks; base += ROUND) {
+      if (chunks > ROUND) load_round(base);
 #pragma unroll
-      for (int w = 0; w < 2; ++w)
-        word[w] = e4m3x2((float)e[4 * w] * inv, (float)e[4 * w + 1] * inv) |
-                  ((unsigned)e4m3x2((float)e[4 * w + 2] * inv, (float)e[4 * w + 3] * inv) << 16);
-      out[c] = make_uint2(word[0], word[1]);
+      for (int u = 0; u < U; ++u) {
+        const int c = base + 32 * u + lane;
+        if (c < chunks) {
+          const T* e = reinterpret_cast<const T*>(&v[u]);
+          unsigned word[2];
+#pragma unroll
+          for (int w = 0; w < 2; ++w)
+            word[w] = e4m3x2((float)e[4 * w] * inv, (float)e[4 * w + 1] * inv) |
+                      ((unsigned)e4m3x2((float)e[4 * w + 2] * inv, (float)e[4 * w + 3] * inv) << 16);
+          out[c] = make_uint2(word[0], word[1]);
+        }
+      }
     }
   }
   if (GATE_UP) grid_dependency_wait();
