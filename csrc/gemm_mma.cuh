@@ -47,6 +47,8 @@ __device__ __forceinline__ void moe_gemm_body(
     const int* __restrict__ tile_rows,     // [num_tiles] slots in the tile (0: no work)
     const int* __restrict__ sorted_slot,   // [slots] original slot (token * top_k + j) in expert order
     const float* __restrict__ slot_weight, // [slots] routing weight by original slot (GEMM 2)
+    const long long* __restrict__ topk_ids, // GEMM 1 of one token: the token's experts (its own tile map), else null
+    int num_experts,                       // experts of this rank (ids outside [0, num_experts) live elsewhere)
     int R,                                 // packed rows per expert (both halves for GATE_UP)
     int K,                                 // dense inputs
     int top_k,
@@ -70,15 +72,45 @@ __device__ __forceinline__ void moe_gemm_body(
   // weights meanwhile; it waits before it reads act. Every block waits, those without work too: a grid whose
   // blocks all left before waiting could finish before the kernel before it (a rank of expert parallelism with no
   // slot routed to its experts).
-  if constexpr (GATE_UP) grid_dependency_wait();
+  // One token (topk_ids given): the index gives each of its experts one tile of one slot, the experts in id order
+  // at sorted positions 0, 1, ..., so tile t is the slot of the t-th smallest id routed here, and GEMM 1 reads its
+  // map from topk_ids (written before the routing index, which lets this kernel start right after its own wait)
+  // instead of waiting for the index: the weights and the token stream while the index is built, and GEMM 1
+  // waits only before it lets the next kernel start. Repeated ids (no top-k makes them) take the index's map.
   const int tile = blockIdx.y;
-  const int n_rows = tile_rows[tile];
+  __shared__ int own_map[2];  // one token: this tile's slots (1 or 0) and expert, or -1 slots: use the index
+  if (GATE_UP && topk_ids != nullptr) {
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      const long long raw = lane < top_k ? __ldcg(topk_ids + lane) : -1;  // L2: written by an earlier kernel
+      const int id = raw >= 0 && raw < num_experts ? (int)raw : -1;
+      int rank = 0;
+      bool repeated = false;
+      for (int i = 0; i < top_k; ++i) {
+        const int other = __shfl_sync(0xffffffffu, id, i);
+        rank += other >= 0 && other < id;
+        repeated |= id >= 0 && i != lane && other == id;
+      }
+      const unsigned mine = __ballot_sync(0xffffffffu, id >= 0 && rank == tile);
+      const int chosen = __shfl_sync(0xffffffffu, id, mine ? __ffs(mine) - 1 : 0);
+      if (__any_sync(0xffffffffu, repeated)) {
+        if (lane == 0) own_map[0] = -1;
+      } else if (lane == 0) {
+        own_map[0] = mine ? 1 : 0;
+        own_map[1] = chosen;
+      }
+    }
+    __syncthreads();
+  }
+  const bool own = GATE_UP && topk_ids != nullptr && own_map[0] >= 0;
+  if (GATE_UP && !own) grid_dependency_wait();
+  const int n_rows = own ? own_map[0] : tile_rows[tile];
   if (n_rows == 0) {
-    if constexpr (!GATE_UP) grid_dependency_wait();
+    if (!GATE_UP || own) grid_dependency_wait();
     return;
   }
-  const int expert = tile_expert[tile];
-  const int first = tile_start[tile];
+  const int expert = own ? own_map[1] : tile_expert[tile];
+  const int first = own ? tile : tile_start[tile];
   const int half_rows = GATE_UP ? R / 2 : R;
   const int row0 = blockIdx.x * (GATE_UP ? BM : A_ROWS);  // first condensed row (within the gate half for GATE_UP)
   const int slab_rows = GATE_UP ? half_rows : BM;          // row distance between the slabs (gate -> up, or stacked)
@@ -92,7 +124,7 @@ __device__ __forceinline__ void moe_gemm_body(
   const int g = lane >> 2, t = lane & 3;
   if (tid < BN) {
     int pos = first + tid;
-    token_row[tid] = tid < n_rows ? (GATE_UP ? sorted_slot[pos] / top_k : pos) : -1;
+    token_row[tid] = tid < n_rows ? (GATE_UP ? (own ? 0 : sorted_slot[pos] / top_k) : pos) : -1;
   }
   __syncthreads();
 
@@ -254,6 +286,7 @@ __device__ __forceinline__ void moe_gemm_body(
     if constexpr (WGMMA) wgmma_drain(acc);  // before the stage's shared memory is refilled or d is read
   }
   cp_async_wait<0>();
+  if (own) grid_dependency_wait();  // the next kernel may read the routing index before its own wait (ptx.cuh)
   allow_dependents();  // the next kernel's launch and first loads overlap this epilogue (ptx.cuh)
   if constexpr (SAMOYEDS) unfold(acc, acc_odd, kept_odd);
   int crow[MT];
@@ -274,9 +307,13 @@ __device__ __forceinline__ void moe_gemm_body(
 template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA>
 __global__ void __launch_bounds__(WARPS * 32) moe_gemm(const __grid_constant__ MoEParams p) {
   const GemmOperands<T, GATE_UP> op{p};
+  // GEMM 1 in the token tile one token's plan takes (plan.py, token_tile_heuristic) reads one token's tile map
+  // itself; compiled into the other kernels, that code cost some of them registers (128 -> 168).
+  constexpr bool ONE_TOKEN_TILE = GATE_UP && BN == 8;
   moe_gemm_body<T, FP8, SAMOYEDS, V, BN, GATE_UP, WARPS, MT, WGMMA>(
       op.x(), op.template values<typename ValueOf<T, FP8>::type>(), op.meta(), op.rowsel(), op.scale(), op.out(),
-      op.partial(), p.tile_expert, p.tile_start, p.tile_rows, p.sorted_slot, p.topk_weights, op.R(), op.K(), p.top_k,
+      op.partial(), p.tile_expert, p.tile_start, p.tile_rows, p.sorted_slot, p.topk_weights,
+      ONE_TOKEN_TILE && p.tokens == 1 && p.top_k <= 32 ? p.topk_ids : nullptr, p.num_experts, op.R(), op.K(), p.top_k,
       op.N_out(), p.slots);
 }
 

@@ -131,6 +131,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) scatter_slots(const __grid_cons
 // scatter_slots to run next. Then writes the tile map of both GEMMs.
 __global__ void __launch_bounds__(1024, 1) build_routing_index(const __grid_constant__ MoEParams p) {
   grid_dependency_wait();
+  if (p.tokens == 1) allow_dependents();  // GEMM 1 of one token reads its tile map from topk_ids (gemm_mma.cuh)
   __shared__ int counts[MAX_EXPERTS], first[MAX_EXPERTS], cursor[MAX_EXPERTS], tile_end[MAX_EXPERTS];
   __shared__ int warp_sums[32];
   const int E = p.num_experts, chunks = p.chunks;

@@ -159,6 +159,28 @@ def test_fresh_inputs_every_run():
 
 
 @pytest.mark.parametrize("values", [None, FP8], ids=["values-bf16", "values-fp8"])
+@pytest.mark.parametrize("ids", ["some-remote", "all-remote", "repeated"])
+def test_one_token_with_experts_elsewhere_or_repeated(ids, values):
+    """At one token GEMM 1 reads its tile map from topk_ids while the routing index is built (csrc/gemm_mma.cuh):
+    experts on another rank (id -1: expert parallelism) are skipped as the index skips them, and repeated ids, which
+    no top-k makes, take the index's map; both still match the reference."""
+    problem = make_problem(preset_shape("qwen3-30b-a3b"), PATTERNS["samoyeds"], 1, seed=21, values=values)
+    if ids == "some-remote":
+        problem.topk_ids[0, ::2] = -1
+    elif ids == "all-remote":
+        problem.topk_ids.fill_(-1)
+    else:
+        problem.topk_ids[0, 1] = problem.topk_ids[0, 0]
+    out = run_sparse(problem)
+    torch.cuda.synchronize()
+    if ids == "all-remote":
+        assert torch.equal(out, torch.zeros_like(out))
+    else:
+        err, tol = error_against_plan(problem, out)
+        assert err < tol, f"relative error {err}"
+
+
+@pytest.mark.parametrize("values", [None, FP8], ids=["values-bf16", "values-fp8"])
 @pytest.mark.parametrize("tokens", [1, 16, 256])
 @pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "mixtral-8x7b"])
 def test_cuda_graph_replays_match_eager_calls(shape, tokens, values, monkeypatch):
