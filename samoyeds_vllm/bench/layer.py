@@ -152,7 +152,7 @@ def bench_moe(
         if json_path:  # after every token count: a run cut short keeps what it measured
             Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
     print(format_table(result))
-    if len(peers) + len(variants) > 2:
+    if len(variants) > 1 or len(peers) > 1:  # more than ours beside vLLM's bf16 MoE
         print(format_paths_table(result))
     return result["rows"]
 
@@ -212,20 +212,27 @@ def package_version(package: str) -> str | None:
 
 
 def format_table(result: dict) -> str:
+    """Ours (the first variant) per token count, beside vLLM's bf16 MoE where it ran (without vLLM, `--no-vllm`,
+    ours' columns only)."""
     c = result["ceilings"]
+    with_vllm = any("vllm_us" in r for r in result["rows"])
+    nan = float("nan")
     lines = [
         f"{result['shape']} (E={result['num_experts']}, H={result['hidden']}, I={result['intermediate']}, "
         f"top-{result['top_k']}), {result['pattern']}, {result['dtype']} on {result['device']} "
         f"(copy {c['copy_TBps']:.2f} TB/s, bf16 matmul {c['bf16_matmul_TFLOPs']:.0f} TFLOP/s)",
-        f"{'T':>6} {'ours µs':>9} {'vLLM µs':>9} {'speedup':>8} {'ours TB/s':>9} {'vLLM TB/s':>9} "
-        f"{'ours TF/s':>9} {'vLLM TF/s':>9} {'err ours':>9} {'err vLLM':>9}",
+        f"{'T':>6} {'ours µs':>9} {'ours TB/s':>9} {'ours TF/s':>9} {'err ours':>9}"
+        + (f" {'vLLM µs':>9} {'speedup':>8} {'vLLM TB/s':>9} {'vLLM TF/s':>9} {'err vLLM':>9}" if with_vllm else ""),
     ]
     for r in result["rows"]:
-        lines.append(
-            f"{r['tokens']:>6} {r['ours_us']:>9.1f} {r.get('vllm_us', float('nan')):>9.1f} "
-            f"{r.get('speedup', float('nan')):>7.2f}x {r['ours_TBps']:>9.2f} "
-            f"{r.get('vllm_TBps', float('nan')):>9.2f} {r['ours_TFLOPs_dense_equiv']:>9.1f} "
-            f"{r.get('vllm_TFLOPs', float('nan')):>9.1f} {r['ours_rel_err']:>9.1e} "
-            f"{r.get('vllm_rel_err', float('nan')):>9.1e}"
+        line = (
+            f"{r['tokens']:>6} {r['ours_us']:>9.1f} {r['ours_TBps']:>9.2f} {r['ours_TFLOPs_dense_equiv']:>9.1f} "
+            f"{r['ours_rel_err']:>9.1e}"
         )
+        if with_vllm:
+            line += (
+                f" {r.get('vllm_us', nan):>9.1f} {r.get('speedup', nan):>7.2f}x {r.get('vllm_TBps', nan):>9.2f} "
+                f"{r.get('vllm_TFLOPs', nan):>9.1f} {r.get('vllm_rel_err', nan):>9.1e}"
+            )
+        lines.append(line)
     return "\n".join(lines)

@@ -528,40 +528,55 @@ def speedups(paths: list[dict]) -> tuple[str | None, dict[str, dict[str, float]]
 
 
 def format_paths_table(result: dict) -> str:
-    """Every path of every token count, then the best peer per token count and ours against it."""
+    """Every path of every token count, then the best peer per token count and ours against it. Without peers
+    (`--no-vllm`), ours' variants with their error against ours with unquantized values instead."""
     rows = [r for r in result["rows"] if r.get("paths")]
     if not rows:
         return ""
-    ours = [r["name"] for r in rows[0]["paths"] if r["kind"] == "ours"]
+    peers_ran = any(r["kind"] == "peer" for row in rows for r in row["paths"])
+    ours = [r["name"] for r in rows[0]["paths"] if r["kind"] == "ours"] if peers_ran else []
     width = max(len(r["label"]) for row in rows for r in row["paths"])
 
     def ratios(row: dict, peer: str) -> str:  # one column per ours variant
-        return " ".join(_cell(_ratio(row.get("speedups", {}).get(name, {}).get(peer)), name) for name in ours)
+        return "".join(" " + _cell(_ratio(row.get("speedups", {}).get(name, {}).get(peer)), name) for name in ours)
 
-    header = " ".join(_cell("x " + name, name) for name in ours)
-    lines = [
-        "Every path on the same x and routing. µs: CUDA-graph replay (bench/timing.py); x NAME: the path's µs /",
-        "NAME's µs; err own: against the fp32 product of the path's own dequantized weights; err bf16: against",
-        "that of the bf16 dense weights (ours: pruned from them).",
-        f"{'T':>6}  {'path':<{width}} {'µs':>9} {header} {'err own':>9} {'err bf16':>9} {'TB/s':>6} {'TF/s':>7}",
-    ]
+    header = "".join(" " + _cell("x " + name, name) for name in ours)
+    second_err = "rel_err_bf16_dense" if peers_ran else "rel_err_unquantized"
+    if peers_ran:
+        lines = [
+            "Every path on the same x and routing. µs: CUDA-graph replay (bench/timing.py); x NAME: the path's µs /",
+            "NAME's µs; err own: against the fp32 product of the path's own dequantized weights; err bf16: against",
+            "that of the bf16 dense weights (ours: pruned from them).",
+        ]
+    else:
+        lines = [
+            "Ours only. µs: CUDA-graph replay (bench/timing.py); err own: against the fp32 product of the path's own",
+            "dequantized weights; err unq: against ours with unquantized values.",
+        ]
+    lines.append(
+        f"{'T':>6}  {'path':<{width}} {'µs':>9}{header} {'err own':>9} {'err bf16' if peers_ran else 'err unq':>9} "
+        f"{'TB/s':>6} {'TF/s':>7}"
+    )
     for row in rows:
         for r in row["paths"]:
             head = f"{row['tokens']:>6}  {r['label']:<{width}}"
             if r.get("status") != "ok":
                 lines.append(f"{head} {r.get('status', '?')}: {r.get('reason', '')}")
                 continue
+            second = f"{r[second_err]:>9.1e}" if second_err in r else f"{'-':>9}"
             lines.append(
-                f"{head} {r['us']:>9.1f} {ratios(row, r['name'])} {r['rel_err_own']:>9.1e} "
-                f"{r.get('rel_err_bf16_dense', float('nan')):>9.1e} {r['TBps']:>6.2f} {r['TFLOPs_dense_equiv']:>7.1f}"
+                f"{head} {r['us']:>9.1f}{ratios(row, r['name'])} {r['rel_err_own']:>9.1e} {second} "
+                f"{r['TBps']:>6.2f} {r['TFLOPs_dense_equiv']:>7.1f}"
             )
-    lines += ["", f"{'T':>6}  {'best peer':<{width}} {'µs':>9} {header}"]
+    if not peers_ran:
+        return "\n".join(lines)
+    lines += ["", f"{'T':>6}  {'best peer':<{width}} {'µs':>9}{header}"]
     for row in rows:
         best = next((r for r in row["paths"] if r["name"] == row.get("best_peer")), None)
         if best is None:
             lines.append(f"{row['tokens']:>6}  (no peer ran)")
         else:
-            lines.append(f"{row['tokens']:>6}  {best['label']:<{width}} {best['us']:>9.1f} {ratios(row, 'best')}")
+            lines.append(f"{row['tokens']:>6}  {best['label']:<{width}} {best['us']:>9.1f}{ratios(row, 'best')}")
     return "\n".join(lines)
 
 

@@ -299,6 +299,23 @@ def test_first_table_still_reads_the_legacy_keys():
     assert "2.00x" in format_table(_result())
 
 
+def test_tables_without_vllm_show_ours_only():
+    """`bench moe --no-vllm --values fp8`: no vLLM columns of NaN, and every variant of ours with its µs."""
+    paths = [_ok("ours-bf16", "ours", 20.0, "ours bf16 values"), _ok("ours-fp8", "ours", 16.0, "ours FP8 values")]
+    for path in paths:
+        del path["rel_err_bf16_dense"]  # no dense problem without vLLM
+    paths[1]["rel_err_unquantized"] = 4.6e-2
+    row = {"tokens": 1, "paths": paths}
+    row["best_peer"], row["speedups"] = speedups(paths)
+    row.update(_legacy_keys(row))
+    result = {**_result(), "rows": [row]}
+    first = format_table(result)
+    assert "vLLM" not in first and "nan" not in first and "20.0" in first
+    text = format_paths_table(result)
+    assert any("ours FP8 values" in line and "16.0" in line and "4.6e-02" in line for line in text.splitlines())
+    assert "best peer" not in text and "nan" not in text
+
+
 # --- the command line -------------------------------------------------------------------------------------------
 
 
