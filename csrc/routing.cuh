@@ -42,7 +42,8 @@ __device__ int block_exclusive_scan(int value, int* warp_sums, int& total) {
 }
 
 // The tile map: expert, first sorted position and slot count of each tile of at most bn slots of one expert,
-// experts in order; tiles past the last one get rows = 0.
+// experts in order; tiles past the last one get rows = 0. GEMM 1 of one token (gemm_mma.cuh) works this map out
+// from topk_ids itself and relies on that layout: a change here must change it too.
 __device__ void write_tiles(int* tile_expert, int* tile_start, int* tile_rows, int bn, int num_tiles,
                             const int* counts, int* tile_end, int* warp_sums, const int* first, int E) {
   const int e = threadIdx.x;

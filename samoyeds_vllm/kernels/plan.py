@@ -308,7 +308,8 @@ def expected_tiles(slots: int, num_experts: int, token_tile: int) -> float:
 
 def fp8_activations_allowed(block: BlockShape, pattern: Pattern, fp8: bool) -> bool:
     """Whether a GEMM can multiply FP8 copies of its activations: FP8 values in the ws kernel (e4m3 wgmma.sp), with
-    segments of whole 64-input k-steps."""
+    segments of whole 64-input k-steps. (Not the mma kernel: its GEMM 1 of one token reads x before any wait,
+    csrc/gemm_mma.cuh, which is safe only with no quantize kernel between the routing index and it.)"""
     return fp8 and block.kind == "ws" and (not pattern.is_samoyeds or pattern.segment % 64 == 0)
 
 
