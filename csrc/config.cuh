@@ -25,6 +25,8 @@ constexpr int ROUTE_THREADS = 256; // threads of the many-block count and scatte
 constexpr int ROUTE_ILP = 8;       // slot ids each thread has in flight
 constexpr int ROUTE_CHUNK = 2048;  // slots per block of the count and scatter kernels
 static_assert(ROUTE_CHUNK == ROUTE_THREADS * ROUTE_ILP, "one chunk is one pass of the block");
+constexpr int FEW_TOKENS = 8;      // batches GEMM 1 maps itself (few_tokens.cuh): the narrowest token tile
+constexpr int FEW_TOKEN_SLOTS = 32;  // ... and at most these slots (one lane each: few_tokens.cuh)
 
 // The slot sum (reduce.cuh): elements per thread for large batches (16 bytes of bf16 / fp16).
 constexpr int SUM_VEC = 8;

@@ -60,7 +60,7 @@ __device__ __forceinline__ void scale_columns(float (&even)[MT][NT][4], float (&
 // 2 crow and 2 crow + 1. GATE_UP: act = SiLU(gate) * up by sorted position; else the routing-weighted row by
 // original slot. With split-K (gridDim.z > 1) the raw fp32 sums go to `partial` and the split epilogues finish.
 // slot_at(n): the output row of token column n (-1: padding), weight_at(n, slot): its routing weight (GATE_UP
-// stores no weight).
+// stores no weight; the mma kernel reads it by sorted position and needs only n).
 template <typename T, bool SAMOYEDS, bool GATE_UP, int MT, int NT, typename SlotAt, typename WeightAt>
 __device__ __forceinline__ void store_tile(const float (&even)[MT][NT][4], const float (&odd)[MT][NT][4],
                                            const int (&crow)[MT], int lane, SlotAt slot_at, WeightAt weight_at,
@@ -73,7 +73,8 @@ __device__ __forceinline__ void store_tile(const float (&even)[MT][NT][4], const
   };
   // The slot and routing weight of each of the thread's columns, all loads of a group of up to 8 n8 tiles issued
   // before any is used (in the store loop each was a dependent pair of global loads per column: ncu put ~45% of
-  // GEMM 2's time there; the ws kernel takes them from shared memory).
+  // GEMM 2's time there; the ws kernel takes them from shared memory). The weights are read by sorted position,
+  // so their loads do not wait for the slots'.
   constexpr int GROUP = NT < 8 ? NT : 8;
 #pragma unroll
   for (int j0 = 0; j0 < NT; j0 += GROUP) {

@@ -5,7 +5,7 @@
 //   blockIdx.x: MT slabs of BM = WARPS x 16 condensed weight rows (64 to 256 rows): for GATE_UP the same BM rows
 //               of gate and of up, so SiLU(gate) * up is computed in registers; for GEMM 2 one or two stacked slabs.
 //   blockIdx.y: one token tile: up to BN (token, expert) slots of one expert (routing.cuh). Tiles past the last
-//               one have tile_rows = 0 and exit at once, so the grid is sized without knowing the routing; experts
+//               one have 0 slots and exit at once, so the grid is sized without knowing the routing; experts
 //               without tokens have no tiles and cost nothing.
 //   blockIdx.z: one share of the k tiles under split-K (fp32 partial sums, finished by reduce.cuh).
 //   k loop:     BK = 128 dense inputs per stage, STAGES-deep cp.async pipeline into the XOR-swizzled tiles of
@@ -16,6 +16,7 @@
 
 #include "config.cuh"
 #include "epilogue.cuh"
+#include "few_tokens.cuh"
 #include "fold.cuh"
 #include "operands.cuh"
 #include "params.cuh"
@@ -42,12 +43,10 @@ __device__ __forceinline__ void moe_gemm_body(
     T* __restrict__ out,                   // GATE_UP: act [slots, N_out]; else y [slots, N_out] by original slot
     float* __restrict__ partial,           // split-K (gridDim.z > 1): fp32 partial sums instead of `out`:
                                            //   GATE_UP [z, slots, 2 N_out] (gate | up), else [z, slots, N_out]
-    const int* __restrict__ tile_expert,   // [num_tiles]
-    const int* __restrict__ tile_start,    // [num_tiles] sorted position of the tile's first slot
-    const int* __restrict__ tile_rows,     // [num_tiles] slots in the tile (0: no work)
+    const int* __restrict__ tiles,         // [num_tiles, 4] expert, first sorted position, slots (0: no work)
     const int* __restrict__ sorted_slot,   // [slots] original slot (token * top_k + j) in expert order
-    const float* __restrict__ slot_weight, // [slots] routing weight by original slot (GEMM 2)
-    const long long* __restrict__ topk_ids, // GEMM 1 of one token: the token's experts (its own tile map), else null
+    const float* __restrict__ sorted_weight, // [slots] routing weight by sorted position (GEMM 2)
+    const long long* __restrict__ topk_ids, // GEMM 1 of a few tokens: their experts (few_tokens.cuh), else null
     int num_experts,                       // experts of this rank (ids outside [0, num_experts) live elsewhere)
     int R,                                 // packed rows per expert (both halves for GATE_UP)
     int K,                                 // dense inputs
@@ -72,59 +71,38 @@ __device__ __forceinline__ void moe_gemm_body(
   // weights meanwhile; it waits before it reads act. Every block waits, those without work too: a grid whose
   // blocks all left before waiting could finish before the kernel before it (a rank of expert parallelism with no
   // slot routed to its experts).
-  // One token (topk_ids given): the index gives each of its experts one tile of one slot, the experts in id order
-  // at sorted positions 0, 1, ..., so tile t is the slot of the t-th smallest id routed here, and GEMM 1 reads its
-  // map from topk_ids (written before the routing index, which lets this kernel start right after its own wait)
-  // instead of waiting for the index: the weights and the token stream while the index is built, and GEMM 1
-  // waits only before it lets the next kernel start. Repeated ids (no top-k makes them) take the index's map.
+  // A few tokens (topk_ids given: the plan's few_token_map, few_tokens.cuh): GEMM 1 of the narrowest tile works its
+  // tile out from topk_ids and waits for the index only before it lets the next kernel start.
   const int tile = blockIdx.y;
-  __shared__ int own_map[2];  // one token: this tile's slots (1 or 0) and expert, or -1 slots: use the index
-  if (GATE_UP && topk_ids != nullptr) {
-    if (threadIdx.x < 32) {
-      const int lane = threadIdx.x;
-      const long long raw = lane < top_k ? __ldcg(topk_ids + lane) : -1;  // L2: written by an earlier kernel
-      const int id = raw >= 0 && raw < num_experts ? (int)raw : -1;
-      int rank = 0;
-      bool repeated = false;
-      for (int i = 0; i < top_k; ++i) {
-        const int other = __shfl_sync(0xffffffffu, id, i);
-        rank += other >= 0 && other < id;
-        repeated |= id >= 0 && i != lane && other == id;
-      }
-      const unsigned mine = __ballot_sync(0xffffffffu, id >= 0 && rank == tile);
-      const int chosen = __shfl_sync(0xffffffffu, id, mine ? __ffs(mine) - 1 : 0);
-      if (__any_sync(0xffffffffu, repeated)) {
-        if (lane == 0) own_map[0] = -1;
-      } else if (lane == 0) {
-        own_map[0] = mine ? 1 : 0;
-        own_map[1] = chosen;
-      }
-    }
-    __syncthreads();
+  __shared__ int token_row[BN];  // row of x holding each tile column (-1: padding)
+  constexpr bool FEW_TOKEN_MAP = GATE_UP && BN == FEW_TOKENS && !WGMMA;  // the kernel the plan picks for it
+  FewTokenTile own_tile{-1, 0, 0};
+  if constexpr (FEW_TOKEN_MAP) {
+    if (topk_ids != nullptr) own_tile = few_token_tile<BN>(topk_ids, slots, top_k, num_experts, tile, token_row);
   }
-  const bool own = GATE_UP && topk_ids != nullptr && own_map[0] >= 0;
+  const bool own = own_tile.rows >= 0;
   if (GATE_UP && !own) grid_dependency_wait();
-  const int n_rows = own ? own_map[0] : tile_rows[tile];
+  const int4 record = own ? make_int4(own_tile.expert, own_tile.first, own_tile.rows, 0)
+                          : reinterpret_cast<const int4*>(tiles)[tile];  // one 16-byte load
+  const int n_rows = record.z;
   if (n_rows == 0) {
     if (!GATE_UP || own) grid_dependency_wait();
     return;
   }
-  const int expert = own ? own_map[1] : tile_expert[tile];
-  const int first = own ? tile : tile_start[tile];
+  const int expert = record.x, first = record.y;
   const int half_rows = GATE_UP ? R / 2 : R;
   const int row0 = blockIdx.x * (GATE_UP ? BM : A_ROWS);  // first condensed row (within the gate half for GATE_UP)
   const int slab_rows = GATE_UP ? half_rows : BM;          // row distance between the slabs (gate -> up, or stacked)
 
   extern __shared__ __align__(16) unsigned char smem_raw[];  // STAGES stages + 1 KB to align them
   StageT* stages = aligned_stages<StageT>(smem_raw);
-  __shared__ int token_row[BN];            // row of x holding each tile column (-1: padding)
   __shared__ __align__(16) SelT sel_tiles[STAGES];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  if (tid < BN) {
+  if (tid < BN && !own) {
     int pos = first + tid;
-    token_row[tid] = tid < n_rows ? (GATE_UP ? (own ? 0 : sorted_slot[pos] / top_k) : pos) : -1;
+    token_row[tid] = tid < n_rows ? (GATE_UP ? sorted_slot[pos] / top_k : pos) : -1;
   }
   __syncthreads();
 
@@ -297,7 +275,7 @@ __device__ __forceinline__ void moe_gemm_body(
   store_tile<T, SAMOYEDS, GATE_UP>(
       acc, acc_odd, crow, lane,
       [&](int n) { return n >= n_rows ? -1 : GATE_UP ? first + n : sorted_slot[first + n]; },
-      [&](int, int slot) { return slot < 0 ? 1.0f : slot_weight[slot]; }, out, partial, N_out, slots);
+      [&](int n, int) { return n < n_rows ? sorted_weight[first + n] : 1.0f; }, out, partial, N_out, slots);
 }
 
 
@@ -307,13 +285,10 @@ __device__ __forceinline__ void moe_gemm_body(
 template <typename T, bool FP8, bool SAMOYEDS, int V, int BN, bool GATE_UP, int WARPS, int MT, bool WGMMA>
 __global__ void __launch_bounds__(WARPS * 32) moe_gemm(const __grid_constant__ MoEParams p) {
   const GemmOperands<T, GATE_UP> op{p};
-  // GEMM 1 in the token tile one token's plan takes (plan.py, token_tile_heuristic) reads one token's tile map
-  // itself; compiled into the other kernels, that code cost some of them registers (128 -> 168).
-  constexpr bool ONE_TOKEN_TILE = GATE_UP && BN == 8;
   moe_gemm_body<T, FP8, SAMOYEDS, V, BN, GATE_UP, WARPS, MT, WGMMA>(
       op.x(), op.template values<typename ValueOf<T, FP8>::type>(), op.meta(), op.rowsel(), op.scale(), op.out(),
-      op.partial(), p.tile_expert, p.tile_start, p.tile_rows, p.sorted_slot, p.topk_weights,
-      ONE_TOKEN_TILE && p.tokens == 1 && p.top_k <= 32 ? p.topk_ids : nullptr, p.num_experts, op.R(), op.K(), p.top_k,
+      op.partial(), p.tiles, p.sorted_slot, p.sorted_weight,
+      GATE_UP && maps_itself(p) ? p.topk_ids : nullptr, p.num_experts, op.R(), op.K(), p.top_k,
       op.N_out(), p.slots);
 }
 

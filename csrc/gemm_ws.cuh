@@ -76,8 +76,8 @@ __device__ __forceinline__ void moe_gemm_ws_body(
     const typename ValueOf<T, FP8>::type* __restrict__ values,
     const int16_t* __restrict__ meta, const uint8_t* __restrict__ rowsel, const float* __restrict__ scale,
     T* __restrict__ out, float* __restrict__ partial,
-    const int* __restrict__ tile_expert, const int* __restrict__ tile_start, const int* __restrict__ tile_rows,
-    const int* __restrict__ sorted_slot, const float* __restrict__ slot_weight, int R, int K, int top_k, int N_out,
+    const int* __restrict__ tiles,
+    const int* __restrict__ sorted_slot, const float* __restrict__ sorted_weight, int R, int K, int top_k, int N_out,
     int slots,            // the arguments of moe_gemm_body, then:
     int row_blocks,       // blocks of 128 condensed rows (per half for GATE_UP)
     int num_tiles) {      // token tiles in the tile map
@@ -153,11 +153,12 @@ __device__ __forceinline__ void moe_gemm_ws_body(
       const int group = w / (tile_group * row_blocks), in_group = w % (tile_group * row_blocks);
       const int group_tiles = min(tile_group, num_tiles - group * tile_group);
       const int tile = group * tile_group + in_group % group_tiles, rb = in_group / group_tiles;
-      const int n_rows = tile_rows[tile];
+      // The tile's record in one 16-byte load (the set-up of an item is a chain of dependent loads, tile record ->
+      // sorted_slot and its weight -> x's scale for ACT8, that the copier waits through).
+      const int4 record = reinterpret_cast<const int4*>(tiles)[tile];
+      const int n_rows = record.z, expert = record.x, first = record.y;
       if (n_rows == 0) continue;
-      const int expert = tile_expert[tile];
       const size_t expert_rows = (size_t)expert * R;
-      const int first = tile_start[tile];
       // One base address each for A and meta (tiled: tiled_offset in tiles.cuh; a slab is one tile, SLAB =
       // TILE_ROWS); the slabs sit at fixed tile offsets from the first (few registers here: the copier runs on
       // COPY_REGS).
@@ -186,7 +187,7 @@ __device__ __forceinline__ void moe_gemm_ws_body(
           } else {
             row = pos;
             slot = sorted_slot[pos];
-            weight = slot_weight[slot];
+            weight = sorted_weight[pos];
           }
           if (ACT8) weight *= x_scale[row];
         }
@@ -357,8 +358,8 @@ __global__ void __launch_bounds__(ws::THREADS, 1) moe_gemm_ws(const __grid_const
   moe_gemm_ws_body<T, FP8, SAMOYEDS, V, BN, GATE_UP, ACT8>(
       op.template b_rows<ACT8>(), op.b_scale(), op.template values<typename ValueOf<T, FP8>::type>(), op.meta(),
       op.rowsel(), op.scale(), op.out(),
-      op.partial(), p.tile_expert, p.tile_start, p.tile_rows,
-      p.sorted_slot, p.topk_weights, op.R(), op.K(), p.top_k, op.N_out(), p.slots, row_blocks, p.num_tiles);
+      op.partial(), p.tiles,
+      p.sorted_slot, p.sorted_weight, op.R(), op.K(), p.top_k, op.N_out(), p.slots, row_blocks, p.num_tiles);
 }
 
 }  // namespace samoyeds

@@ -29,13 +29,14 @@ struct MoEParams {
   int inter;                     // I: expert width (GEMM 1's output rows per half, GEMM 2's K)
   // The routing index, written by routing.cuh before the GEMMs
   int* sorted_slot;              // [slots] original slot at each sorted position (slots grouped by expert)
-  int* tile_expert;              // [num_tiles] expert of each token tile
-  int* tile_start;               // [num_tiles] sorted position of the tile's first slot
-  int* tile_rows;                // [num_tiles] slots in the tile; 0: no work (the grid is sized from shapes)
+  float* sorted_weight;          // [slots] routing weight at each sorted position (GEMM 2 reads it beside the slot)
+  int* tiles;                    // [num_tiles, 4]: expert, first sorted position, slots (0: no work; the grid is
+                                 // sized from shapes), unused: one 16-byte record per tile, read in one load
   int* chunk_counts;             // [chunks, num_experts] per-chunk counts, then first positions (chunks > 0)
   int token_tile;                // BN: most slots of one expert per token tile (one tile map for both GEMMs)
   int num_tiles;
   int chunks;                    // 0: one block counts and scatters; else blocks of ROUTE_CHUNK slots
+  int few_token_map;             // 1: GEMM 1 works its tile map out from topk_ids (few_tokens.cuh; the plan decides)
   // GEMM 1, gate and up: act = SiLU(x W1^T) * (x W3^T)
   PackedExperts w13;
   const void* x;                 // [tokens, hidden], read in place through the routing index

@@ -243,7 +243,7 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 // grid_dependency_wait() must not read what that kernel writes; after it, every earlier kernel has finished and
 // its writes are visible. The next kernel may start once every block of this one has called allow_dependents()
 // or exited: the GEMMs call it before their epilogue, the other kernels let their exit do it (but the routing
-// index of one token, whose GEMM 1 needs nothing from it until its end: gemm_mma.cuh). Called right after
+// index of a few tokens, whose GEMM 1 needs nothing from it until its end: few_tokens.cuh). Called right after
 // the wait (as early as a kernel can), the next kernel's blocks took SM room while this one ran and made the
 // Mixtral-8x7B FP8 layer 15% slower at T = 1 and 4% at T = 256 (H200, docs/benchmarks.md). Since no kernel lets
 // the next start before its own wait, code before a wait may read what the kernels two or more launches back

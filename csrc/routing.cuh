@@ -4,12 +4,15 @@
 // over many blocks for large batches (below). It counting-sorts the slots by expert and cuts each expert's slots
 // into tiles of at most token_tile slots (one map for both GEMMs); unused tiles get rows = 0, so the host sizes
 // every grid from the shapes alone, without a host synchronisation. The order of slots inside an expert is
-// whatever the atomics give: every slot's result depends only on its own token and expert, so the layer's output
-// is still bit-for-bit deterministic. Slots routed to an expert on another rank (id outside [0, E), expert
+// whatever the atomics give (slot order for a few tokens, whose GEMM 1 works the map out itself: few_tokens.cuh,
+// which relies on this file's layout: tiles in expert order, an expert's first tile at its first sorted position):
+// every slot's result depends only on its own token and expert, so the layer's output is still bit-for-bit
+// deterministic. Slots routed to an expert on another rank (id outside [0, E), expert
 // parallelism) get no tile; sum_slots skips them.
 #pragma once
 
 #include "config.cuh"
+#include "few_tokens.cuh"
 #include "params.cuh"
 
 namespace samoyeds {
@@ -42,15 +45,15 @@ __device__ int block_exclusive_scan(int value, int* warp_sums, int& total) {
 }
 
 // The tile map: expert, first sorted position and slot count of each tile of at most bn slots of one expert,
-// experts in order; tiles past the last one get rows = 0. GEMM 1 of one token (gemm_mma.cuh) works this map out
-// from topk_ids itself and relies on that layout: a change here must change it too.
-__device__ void write_tiles(int* tile_expert, int* tile_start, int* tile_rows, int bn, int num_tiles,
-                            const int* counts, int* tile_end, int* warp_sums, const int* first, int E) {
+// experts in order; tiles past the last one get rows = 0. GEMM 1 of a few tokens (few_tokens.cuh) works this map
+// out from topk_ids itself and relies on that layout: a change here must change it too.
+__device__ void write_tiles(int* tiles, int bn, int num_tiles, const int* counts, int* tile_end, int* warp_sums,
+                            const int* first, int E) {
   const int e = threadIdx.x;
-  const int tiles = e < E ? (counts[e] + bn - 1) / bn : 0;
+  const int expert_tiles = e < E ? (counts[e] + bn - 1) / bn : 0;
   int total;
-  const int before = block_exclusive_scan(tiles, warp_sums, total);
-  if (e < E) tile_end[e] = before + tiles;
+  const int before = block_exclusive_scan(expert_tiles, warp_sums, total);
+  if (e < E) tile_end[e] = before + expert_tiles;
   __syncthreads();
   for (int t = threadIdx.x; t < num_tiles; t += blockDim.x) {
     int lo = 0, hi = E;  // first expert whose tile_end > t
@@ -61,13 +64,9 @@ __device__ void write_tiles(int* tile_expert, int* tile_start, int* tile_rows, i
     if (lo < E) {
       const int local = t - (tile_end[lo] - (counts[lo] + bn - 1) / bn);
       const int rows = counts[lo] - local * bn;
-      tile_expert[t] = lo;
-      tile_start[t] = first[lo] + local * bn;
-      tile_rows[t] = rows < bn ? rows : bn;
+      reinterpret_cast<int4*>(tiles)[t] = make_int4(lo, first[lo] + local * bn, rows < bn ? rows : bn, 0);
     } else {
-      tile_expert[t] = 0;
-      tile_start[t] = 0;
-      tile_rows[t] = 0;
+      reinterpret_cast<int4*>(tiles)[t] = make_int4(0, 0, 0, 0);
     }
   }
 }
@@ -94,10 +93,15 @@ __device__ void for_each_slot(const long long* __restrict__ topk_ids, int begin,
 __device__ void count_slots_into(const long long* __restrict__ topk_ids, int begin, int end, int E, int* counts) {
   for_each_slot(topk_ids, begin, end, E, [counts](int, int e) { atomicAdd(&counts[e], 1); });
 }
-__device__ void place_slots(const long long* __restrict__ topk_ids, int begin, int end, int E, int* cursor,
-                            int* __restrict__ sorted_slot) {
-  for_each_slot(topk_ids, begin, end, E,
-                [cursor, sorted_slot](int s, int e) { sorted_slot[atomicAdd(&cursor[e], 1)] = s; });
+__device__ void place_slots(const MoEParams& p, int begin, int end, int* cursor) {
+  int* __restrict__ sorted_slot = p.sorted_slot;
+  float* __restrict__ sorted_weight = p.sorted_weight;
+  const float* __restrict__ weights = p.topk_weights;
+  for_each_slot(p.topk_ids, begin, end, p.num_experts, [&](int s, int e) {
+    const int pos = atomicAdd(&cursor[e], 1);
+    sorted_slot[pos] = s;
+    sorted_weight[pos] = weights[s];
+  });
 }
 
 // Large batches: one block's shared-memory atomics on E counters cap the index at about one slot per clock (ncu,
@@ -124,7 +128,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) scatter_slots(const __grid_cons
   for (int e = threadIdx.x; e < E; e += blockDim.x) cursor[e] = p.chunk_counts[(size_t)blockIdx.x * E + e];
   __syncthreads();
   const int begin = blockIdx.x * ROUTE_CHUNK, end = min(begin + ROUTE_CHUNK, p.slots);
-  place_slots(p.topk_ids, begin, end, E, cursor, p.sorted_slot);
+  place_slots(p, begin, end, cursor);
 }
 
 // chunks = 0: counts and scatters the slots itself (decode and small batches: one launch). chunks > 0: sums the
@@ -132,7 +136,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) scatter_slots(const __grid_cons
 // scatter_slots to run next. Then writes the tile map of both GEMMs.
 __global__ void __launch_bounds__(1024, 1) build_routing_index(const __grid_constant__ MoEParams p) {
   grid_dependency_wait();
-  if (p.tokens == 1) allow_dependents();  // GEMM 1 of one token reads its tile map from topk_ids (gemm_mma.cuh)
+  if (maps_itself(p)) allow_dependents();  // GEMM 1 maps itself (few_tokens.cuh)
   __shared__ int counts[MAX_EXPERTS], first[MAX_EXPERTS], cursor[MAX_EXPERTS], tile_end[MAX_EXPERTS];
   __shared__ int warp_sums[32];
   const int E = p.num_experts, chunks = p.chunks;
@@ -151,7 +155,10 @@ __global__ void __launch_bounds__(1024, 1) build_routing_index(const __grid_cons
   if (e < E) first[e] = cursor[e] = start;
   __syncthreads();
   if (chunks == 0) {
-    place_slots(p.topk_ids, 0, p.slots, E, cursor, p.sorted_slot);
+    if (maps_itself(p))
+      place_in_slot_order(p, first);
+    else
+      place_slots(p, 0, p.slots, cursor);
   } else if (e < E) {
     int position = first[e];
     for (int c = 0; c < chunks; ++c) {
@@ -160,8 +167,7 @@ __global__ void __launch_bounds__(1024, 1) build_routing_index(const __grid_cons
       position += n;
     }
   }
-  write_tiles(p.tile_expert, p.tile_start, p.tile_rows, p.token_tile, p.num_tiles, counts, tile_end, warp_sums,
-              first, E);
+  write_tiles(p.tiles, p.token_tile, p.num_tiles, counts, tile_end, warp_sums, first, E);
 }
 
 }  // namespace samoyeds

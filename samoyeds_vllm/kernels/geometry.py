@@ -38,6 +38,8 @@ ROUTE_CHUNK = CONSTANTS["ROUTE_CHUNK"]
 SUM_VEC = CONSTANTS["SUM_VEC"]
 MAX_SPLITS = CONSTANTS["MAX_SPLITS"]  # split-K factor cap
 ELEMENTWISE_THREADS = CONSTANTS["ELEMENTWISE_THREADS"]
+FEW_TOKENS = CONSTANTS["FEW_TOKENS"]  # batches whose GEMM 1 may map itself (csrc/few_tokens.cuh) ...
+FEW_TOKEN_SLOTS = CONSTANTS["FEW_TOKEN_SLOTS"]  # ... with at most these slots
 
 #: The activation (and packed value) dtypes the kernels are compiled for, with their CUDA type names.
 CTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}

@@ -45,7 +45,8 @@ WORKSPACE_ALIGN = 256  # bytes: every scratch buffer starts on a 256-byte bounda
 class Workspace:
     """Byte offsets of a forward's scratch buffers in one allocation (None: not needed by this plan)."""
 
-    index: int  # int32: sorted_slot [slots], tile_expert, tile_start, tile_rows [num_tiles], chunk_counts
+    index: int  # tiles [num_tiles, 4] int32, sorted_slot [slots] int32, sorted_weight [slots] fp32,
+    # chunk_counts [chunks, E] int32
     act: int  # [slots, I] of the activations' dtype: SiLU(gate) * up
     gate_up_partial: int | None  # fp32 [splits, slots, 2I]: GEMM 1's split-K partials
     y: int  # [splits, slots, H]: GEMM 2's rows per slot (fp32 partials under split-K, else the activations' dtype)
@@ -61,7 +62,7 @@ def workspace_layout(plan: MoEPlan, shape: LayerShape, dtype: torch.dtype) -> Wo
     item = torch.empty((), dtype=dtype).element_size()
     slots, z1, z2 = shape.slots, plan.gate_up.splits, plan.down.splits
     sizes = {
-        "index": 4 * (slots + 3 * plan.num_tiles + plan.chunks * shape.num_experts),
+        "index": 4 * (4 * plan.num_tiles + 2 * slots + plan.chunks * shape.num_experts),
         "act": item * slots * shape.inter,
         "gate_up_partial": 4 * z1 * slots * 2 * shape.inter if z1 > 1 else None,
         "y": (4 if z2 > 1 else item) * z2 * slots * shape.hidden,
@@ -186,10 +187,11 @@ def moe_params(
     def at(offset: int | None) -> int:
         return 0 if offset is None else base + offset
 
-    # the routing index: sorted_slot [slots], then tile_expert, tile_start, tile_rows [num_tiles each], then
-    # chunk_counts [chunks * E], all int32
-    sorted_slot = at(space.index)
-    tile_expert = sorted_slot + 4 * shape.slots
+    # the routing index: the tile records first (16-byte loads: the workspace's alignment), then sorted_slot,
+    # sorted_weight and chunk_counts
+    tiles = at(space.index)
+    sorted_slot = tiles + 16 * plan.num_tiles
+    sorted_weight = sorted_slot + 4 * shape.slots
     rows13, rows2 = shape.packed_rows(pattern)
     return MoEParams(
         topk_ids=ptr(ids),
@@ -201,13 +203,13 @@ def moe_params(
         hidden=shape.hidden,
         inter=shape.inter,
         sorted_slot=sorted_slot,
-        tile_expert=tile_expert,
-        tile_start=tile_expert + 4 * plan.num_tiles,
-        tile_rows=tile_expert + 8 * plan.num_tiles,
-        chunk_counts=tile_expert + 12 * plan.num_tiles if plan.chunks else 0,
+        sorted_weight=sorted_weight,
+        tiles=tiles,
+        chunk_counts=sorted_weight + 4 * shape.slots if plan.chunks else 0,
         token_tile=plan.token_tile,
         num_tiles=plan.num_tiles,
         chunks=plan.chunks,
+        few_token_map=int(plan.few_token_map),
         w13=PackedExperts(ptr(w13.values), ptr(w13.meta), ptr(w13.rowsel), ptr(w13.scale), rows13),
         x=ptr(x),
         x_fp8=at(space.x_fp8),

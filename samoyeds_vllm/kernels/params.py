@@ -46,13 +46,13 @@ class MoEParams:
     hidden: int
     inter: int
     sorted_slot: Ptr
-    tile_expert: Ptr
-    tile_start: Ptr
-    tile_rows: Ptr
+    sorted_weight: Ptr
+    tiles: Ptr
     chunk_counts: Ptr
     token_tile: int
     num_tiles: int
     chunks: int
+    few_token_map: int
     w13: PackedExperts
     x: Ptr
     x_fp8: Ptr

@@ -27,6 +27,8 @@ from ..format import Pattern
 from .geometry import (
     BK,
     ELEMENTWISE_THREADS,
+    FEW_TOKEN_SLOTS,
+    FEW_TOKENS,
     MAX_EXPERTS,
     MAX_SPLITS,
     ROUTE_CHUNK,
@@ -308,7 +310,7 @@ def expected_tiles(slots: int, num_experts: int, token_tile: int) -> float:
 
 def fp8_activations_allowed(block: BlockShape, pattern: Pattern, fp8: bool) -> bool:
     """Whether a GEMM can multiply FP8 copies of its activations: FP8 values in the ws kernel (e4m3 wgmma.sp), with
-    segments of whole 64-input k-steps. (Not the mma kernel: its GEMM 1 of one token reads x before any wait,
+    segments of whole 64-input k-steps. (Not the mma kernel: its GEMM 1 of a few tokens reads x before any wait,
     csrc/gemm_mma.cuh, which is safe only with no quantize kernel between the routing index and it.)"""
     return fp8 and block.kind == "ws" and (not pattern.is_samoyeds or pattern.segment % 64 == 0)
 
@@ -371,6 +373,7 @@ class MoEPlan:
     sum_grid: tuple[int, int, int]
     silu_kernel: str | None  # finishes GEMM 1 under split-K
     silu_grid: tuple[int, int, int]
+    few_token_map: bool = False  # GEMM 1 works its tile map out from topk_ids (csrc/few_tokens.cuh)
 
 
 def plan_moe(
@@ -528,6 +531,20 @@ def _plan(
         sum_grid=elementwise_grid(shape.tokens * shape.hidden // vec, device.sms, resident(sum_kernel)),
         silu_kernel=silu_kernel if gate_up.splits > 1 else None,
         silu_grid=elementwise_grid(slots * shape.inter, device.sms, resident(silu_kernel)),
+        few_token_map=maps_itself(shape, token_tile, gate_up),
+    )
+
+
+def maps_itself(shape: LayerShape, token_tile: int, gate_up: GemmPlan) -> bool:
+    """Whether GEMM 1 works its tile map out from topk_ids instead of waiting for the routing index
+    (csrc/few_tokens.cuh): a few tokens in the narrowest tile of the mma kernel (the one kernel that does), with no
+    FP8 copy of x made between the index and it (GEMM 1 reads x before its wait)."""
+    return (
+        shape.tokens <= FEW_TOKENS
+        and shape.slots <= FEW_TOKEN_SLOTS
+        and token_tile == FEW_TOKENS
+        and gate_up.block.kind == "mma"
+        and not gate_up.fp8_activations
     )
 
 

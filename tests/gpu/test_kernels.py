@@ -160,13 +160,15 @@ def test_fresh_inputs_every_run():
 
 @pytest.mark.parametrize("values", [None, FP8], ids=["values-bf16", "values-fp8"])
 @pytest.mark.parametrize("ids", ["some-remote", "all-remote", "repeated"])
-def test_one_token_with_experts_elsewhere_or_repeated(ids, values):
-    """At one token GEMM 1 reads its tile map from topk_ids while the routing index is built (csrc/gemm_mma.cuh):
-    experts on another rank (id -1: expert parallelism) are skipped as the index skips them, and repeated ids, which
-    no top-k makes, take the index's map; both still match the reference."""
-    problem = make_problem(preset_shape("qwen3-30b-a3b"), PATTERNS["samoyeds"], 1, seed=21, values=values)
+@pytest.mark.parametrize("tokens", [1, 3, 4, 8])  # Qwen3 (top-8): 4 tokens fill the 32 slots, 8 take the index
+@pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "mixtral-8x7b"])  # Mixtral: 8 experts, several tokens each
+def test_few_tokens_with_experts_elsewhere_or_repeated(shape, tokens, ids, values):
+    """Up to 8 tokens and 32 slots GEMM 1 works its tile map out from topk_ids while the routing index is built
+    (csrc/few_tokens.cuh): experts on another rank (id -1: expert parallelism) are skipped as the index skips them,
+    and a token routed twice to one expert, which no top-k does, takes the index's map; both match the reference."""
+    problem = make_problem(preset_shape(shape), PATTERNS["samoyeds"], tokens, seed=21, values=values)
     if ids == "some-remote":
-        problem.topk_ids[0, ::2] = -1
+        problem.topk_ids[:, ::2] = -1
     elif ids == "all-remote":
         problem.topk_ids.fill_(-1)
     else:

@@ -228,6 +228,20 @@ def test_rows_off_the_ws_blocks_fall_back_to_the_one_warpgroup_kernel():
     assert plan.gate_up.block == BlockShape("wgmma", 4, 2) and plan.down.block == BlockShape("ws", 8, 2)
 
 
+@pytest.mark.parametrize("device", [H100, A100], ids=["h100", "a100"])
+def test_gemm1_maps_itself_for_a_few_tokens_in_the_narrowest_mma_tile(device):
+    """csrc/few_tokens.cuh: up to 8 tokens and 32 slots (one lane each), where the plan takes the 8-token mma tile for
+    GEMM 1."""
+    mixtral = dict(top_k=2, num_experts=8, hidden=4096, inter=14336)
+    cases = [(1, QWEN3, True), (4, QWEN3, True), (5, QWEN3, False), (8, mixtral, True), (9, mixtral, False)]
+    for tokens, shape, expected in cases:  # Qwen3 is top-8: 5 tokens make 40 slots
+        plan = plan_moe(LayerShape(tokens, **shape), SAMOYEDS, torch.bfloat16, device)
+        assert plan.few_token_map == expected, (tokens, shape)
+        assert not expected or (plan.token_tile == 8 and plan.gate_up.block.kind == "mma")
+    with override_config(KernelConfig(16)):  # another tile at one token (a tuned table could pick one)
+        assert not plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, device).few_token_map
+
+
 def test_override_config_picks_any_compiled_choice_and_refuses_the_rest():
     shape = LayerShape(1024, **QWEN3)
     default = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100)
@@ -401,8 +415,8 @@ def test_workspace_holds_each_scratch_buffer_aligned_and_apart(tokens, pattern, 
 @pytest.mark.parametrize("tokens", [1, 16384])  # split-K partials; routing chunks and FP8 copies
 def test_forward_params_point_where_the_workspace_holds_each_buffer(tokens):
     """moe_params against the workspace cut into views: the routing index split as its kernels read it
-    (sorted_slot, the tile map's three rows, chunk_counts), each other buffer at its offset or null, the tensors'
-    own addresses, the shapes and the plan's choices."""
+    (the tile records, sorted_slot, sorted_weight, chunk_counts), each other buffer at its offset or null,
+    the tensors' own addresses, the shapes and the plan's choices."""
     from samoyeds_vllm.kernels.launch import moe_params, workspace_layout
 
     shape = LayerShape(tokens, **QWEN3)
@@ -415,13 +429,11 @@ def test_forward_params_point_where_the_workspace_holds_each_buffer(tokens):
     base = workspace.data_ptr()
     p = moe_params(plan, shape, SAMOYEDS, space, base, x, ids, weights, w13, w2, out)
 
-    sizes = [shape.slots, 3 * plan.num_tiles, plan.chunks * shape.num_experts]
+    sizes = [4 * plan.num_tiles, shape.slots, shape.slots, plan.chunks * shape.num_experts]
     index = workspace[space.index : space.index + 4 * sum(sizes)].view(torch.int32)
-    sorted_slot, tiles, chunk_counts = index.split(sizes)
-    views = (sorted_slot, *tiles.view(3, plan.num_tiles), chunk_counts)
-    assert (p.sorted_slot, p.tile_expert, p.tile_start, p.tile_rows, p.chunk_counts) == tuple(
-        v.data_ptr() for v in views
-    )
+    views = index.split(sizes)
+    assert (p.tiles, p.sorted_slot, p.sorted_weight, p.chunk_counts) == tuple(v.data_ptr() for v in views)
+    assert p.tiles % 16 == 0  # the kernels read a tile's record in one 16-byte load
     for name in ("act", "gate_up_partial", "y", "x_fp8", "x_scale", "act_fp8", "act_scale"):
         offset = getattr(space, name)
         assert getattr(p, name) == (0 if offset is None else base + offset), name
@@ -442,9 +454,9 @@ def test_forward_params_point_where_the_workspace_holds_each_buffer(tokens):
     )
     assert (p.gate_up_splits, p.down_splits) == (plan.gate_up.splits, plan.down.splits)
     if tokens == 1:
-        assert p.gate_up_partial and not p.x_fp8
+        assert p.gate_up_partial and not p.x_fp8 and p.few_token_map == 1
     else:
-        assert plan.chunks and p.x_fp8 and p.act_scale and not p.gate_up_partial
+        assert plan.chunks and p.x_fp8 and p.act_scale and not p.gate_up_partial and p.few_token_map == 0
 
 
 def test_elementwise_grids_are_one_wave_of_the_blocks_that_fit():
