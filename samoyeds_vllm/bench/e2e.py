@@ -570,7 +570,8 @@ def bench_e2e(
 ) -> dict | None:
     """Runs `variants` (names of VARIANTS) and writes the comparison of every variant OUT holds. Each variant's
     results go to OUT/variant-NAME.json after every step; a later call with the same settings on the same kind
-    of device resumes there (so a few variants per call fit a time-limited machine). A dense variant that
+    of device resumes there (so a few variants per call fit a time-limited machine), and one with other settings
+    moves them to OUT/replaced/ first. A dense variant that
     cannot start (a model too large for the GPU) is recorded as such, with the reason."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -604,6 +605,10 @@ def bench_e2e(
                 **({"gpus": gpus} if gpus > 1 else {}),
             }
             saved = json.loads(path.read_text()) if path.exists() else {}
+            if saved and "failed" not in saved and saved.get("settings") != settings:
+                changed = settings_changed(saved.get("settings", {}), settings)
+                print(f"{name}: {path.name} was measured with other settings ({changed}): moved to {set_aside(path)}")
+                saved = {}
             result = saved if saved.get("settings") == settings and "failed" not in saved else {"settings": settings}
             model = variant.model(preset, segment, out / "models" / name)
 
@@ -622,6 +627,25 @@ def bench_e2e(
             save()
             progress.update(start + work.steps() - progress.n)
     return report(out)
+
+
+def settings_changed(old: dict, new: dict) -> str:
+    """The settings that differ between two runs of a variant, as `key: old -> new`."""
+    keys = [k for k in {**old, **new} if old.get(k) != new.get(k)]
+    return ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys)
+
+
+def set_aside(path: Path) -> Path:
+    """Moves a variant's results measured with other settings to OUT/replaced/ (the report reads only OUT's own
+    variant files), named by when they were last written, so a run with new settings loses nothing."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+    folder = path.parent / "replaced"
+    folder.mkdir(exist_ok=True)
+    target, n = folder / f"{path.stem}-{stamp}.json", 1
+    while target.exists():
+        target, n = folder / f"{path.stem}-{stamp}-{n}.json", n + 1
+    path.replace(target)
+    return target
 
 
 def report(out: Path) -> dict | None:

@@ -372,3 +372,31 @@ def test_where_a_served_ttft_went_is_read_from_the_servers_histograms(monkeypatc
     md = markdown({**results, "variants": {"dense": _result("dense, bf16", {1: 235}, tpot=4.0), "samoyeds": samoyeds}})
     assert "| 1 | - | 100.0 = 20.0 + 40.0 + 40.0 |" in md
     assert "mean TTFT by the server" not in markdown({**results, "variants": {"dense": _result("d", {1: 1}, tpot=4)}})
+
+
+def test_results_measured_with_other_settings_are_set_aside_not_overwritten(tmp_path, monkeypatch, capsys):
+    """A second call with other settings (here more requests per client) starts the variant afresh, and the first
+    call's results move to OUT/replaced/ instead of being written over; the same settings again resume."""
+    from samoyeds_vllm.bench import e2e
+
+    monkeypatch.setattr(e2e, "environment", lambda: {"device": "GPU X", "vllm": "0.26.0", "torch": "2.11.0"})
+    monkeypatch.setattr(e2e, "gpu_memory_used", lambda: [])
+    monkeypatch.setattr(e2e, "report", lambda out: None)
+
+    def run_variant(variant, model, work, out, progress, result, save, baseline):
+        levels = result.setdefault("serving", {"levels": []})["levels"]
+        levels += [{"concurrency": c} for c in work.concurrencies]
+
+    monkeypatch.setattr(e2e, "run_variant", run_variant)
+    path = tmp_path / "variant-dense.json"
+    e2e.bench_e2e("tiny-qwen3_moe", tmp_path, Workload(concurrencies=(1,), prompts_per_client=16), ("dense",))
+    first = json.loads(path.read_text())
+    capsys.readouterr()
+    e2e.bench_e2e("tiny-qwen3_moe", tmp_path, Workload(concurrencies=(16,)), ("dense",))
+    [kept] = (tmp_path / "replaced").iterdir()
+    assert json.loads(kept.read_text()) == first
+    assert "prompts_per_client: 16 -> None" in capsys.readouterr().out
+    assert [level["concurrency"] for level in json.loads(path.read_text())["serving"]["levels"]] == [16]
+    e2e.bench_e2e("tiny-qwen3_moe", tmp_path, Workload(concurrencies=(64,)), ("dense",))
+    assert len(list((tmp_path / "replaced").iterdir())) == 1
+    assert [level["concurrency"] for level in json.loads(path.read_text())["serving"]["levels"]] == [16, 64]
