@@ -527,15 +527,18 @@ def run_variant(
             # Untimed, as many requests as the timed run: after the first round each client's next request arrives
             # while the others decode, so most steps mix prefills into decodes, and those batch shapes must be
             # compiled and captured before the timed run too.
-            _bench_serve(server, model, mix, c, requests, out, f"{model.name}-c{c}-warmup", seed=2 * c + 1)
+            untimed = _bench_serve(server, model, mix, c, requests, out, f"{model.name}-c{c}-warmup", seed=2 * c + 1)
             timed = partial(_bench_serve, server, model, mix, c, requests, out, f"{model.name}-c{c}")
-            # a rerun (it compiled a kernel) with seeds of its own: other prompts than the runs before
-            level, jit = without_jit(
-                lambda run, timed=timed, c=c: server_split(server.url, partial(timed, seed=2 * c + _RERUN_SEEDS * run)),
-                log,
-                caches=jit_caches,
+            serving["levels"].append(
+                timed_until_steady(
+                    # a rerun with seeds of its own: other prompts than the runs before
+                    lambda run, timed=timed, c=c: server_split(
+                        server.url, partial(timed, seed=2 * c + _RERUN_SEEDS * run)
+                    ),
+                    untimed["output_tokens_per_s"],
+                    rerun_if_compiled=partial(without_jit, log=log, caches=jit_caches),
+                )
             )
-            serving["levels"].append({**level, **jit})
             serving["levels"].sort(key=lambda lv: lv["concurrency"])
             save()
             progress.update()
@@ -545,6 +548,31 @@ def run_variant(
             progress.update()
     finally:
         server.stop()
+
+
+STEADY_TOLERANCE = 0.10  # a served round within this of the round before it stands for its level
+STEADY_ROUNDS = 3  # timed rounds of one level at most, when they keep disagreeing
+
+
+def timed_until_steady(measure, untimed_tok_s: float | None, rerun_if_compiled) -> dict:
+    """A served level's record: `measure(run)` (run = 0, 1, ...: each its own prompts) through `rerun_if_compiled`
+    (tools.vllm_server.without_jit: a run that compiled a kernel is made again), and again while its output tok/s
+    differs by more than STEADY_TOLERANCE from the round before it (the untimed one first), at most STEADY_ROUNDS
+    timed rounds; the last stands. With `rounds_output_tokens_per_s` (every round, untimed first) and `steady`
+    (whether the last two agreed): at 256 clients a timed round came out 21-47% slower than the untimed round of as
+    many requests just before it on the same server, where at 16 and 64 clients the two agreed within 6%
+    (docs/benchmarks.md, 2026-11-27), so one timed round alone can stand for a stall rather than the level."""
+    rounds, runs, compiles = [untimed_tok_s], 0, 0
+    while True:
+        level, jit = rerun_if_compiled(lambda run, base=runs: measure(base + run))
+        runs, compiles = runs + jit["timed_runs"], compiles + jit["jit_compiles"]
+        rounds.append(level["output_tokens_per_s"])
+        before, last = rounds[-2], rounds[-1]
+        steady = bool(before and last) and abs(last / before - 1) <= STEADY_TOLERANCE
+        if steady or not jit["jit_free"] or runs >= STEADY_ROUNDS:
+            break
+    record = {"timed_runs": runs, "jit_compiles": compiles, "jit_free": jit["jit_free"]}
+    return {**level, **record, "rounds_output_tokens_per_s": rounds, "steady": steady}
 
 
 # What every variant of one comparison must share (the variant's own model and environment may differ).
@@ -743,6 +771,16 @@ def _compiled_in_timed_runs(v: dict, names: list[str]) -> str:
     return ", ".join(points)
 
 
+def _unsteady_levels(v: dict, names: list[str]) -> str:
+    """The served levels whose last two rounds differed by more than STEADY_TOLERANCE (timed_until_steady)."""
+    return ", ".join(
+        f"{n} {lv['concurrency']} clients ({' / '.join(f'{x:,.0f}' for x in lv['rounds_output_tokens_per_s'])})"
+        for n in names
+        for lv in v[n].get("serving", {}).get("levels", [])
+        if lv.get("steady") is False
+    )
+
+
 def _ttft_split(mix: dict, levels: dict[str, dict[int, dict]], names: list[str], concurrencies: list[int]) -> list[str]:
     """Where the served TTFT went (the levels' `server_mean_ms`, server_split), as a table; none without it."""
 
@@ -820,6 +858,8 @@ def markdown(results: dict) -> str:
         lines += _ttft_split(mix, levels, names, concurrencies)
     if jit := _compiled_in_timed_runs(v, names):
         lines += [f"**A kernel was still compiled in every timed run** (so these include it): {jit}", ""]
+    if unsteady := _unsteady_levels(v, names):
+        lines += [f"**Served rounds that kept disagreeing** (output tok/s, untimed round first): {unsteady}", ""]
     memory = {n: _memory(v[n]) for n in names}
     measured = {n: memory[n].get("measured", {}) for n in names}
     estimated = {n: memory[n].get("estimated_max_seqs") for n in names}

@@ -400,3 +400,50 @@ def test_results_measured_with_other_settings_are_set_aside_not_overwritten(tmp_
     e2e.bench_e2e("tiny-qwen3_moe", tmp_path, Workload(concurrencies=(64,)), ("dense",))
     assert len(list((tmp_path / "replaced").iterdir())) == 1
     assert [level["concurrency"] for level in json.loads(path.read_text())["serving"]["levels"]] == [16, 64]
+
+
+@pytest.mark.parametrize(
+    "tok_s, rounds, steady",
+    [
+        ([105], [100, 105], True),  # within 10% of the untimed round: one timed round
+        ([70, 75], [100, 70, 75], True),  # a stall, then a round that agrees with it
+        ([70, 100, 70], [100, 70, 100, 70], False),  # never agreeing: three timed rounds, the last stands
+    ],
+)
+def test_a_served_level_is_timed_again_while_its_rounds_disagree(tok_s, rounds, steady):
+    from samoyeds_vllm.bench.e2e import timed_until_steady
+
+    seeds, results = [], iter(tok_s)
+
+    def measure(run):
+        seeds.append(run)
+        return {"concurrency": 256, "output_tokens_per_s": next(results)}
+
+    def rerun_if_compiled(measure_run):  # compiles nothing: one run per call
+        return measure_run(0), {"timed_runs": 1, "jit_compiles": 0, "jit_free": True}
+
+    level = timed_until_steady(measure, 100, rerun_if_compiled)
+    assert level["rounds_output_tokens_per_s"] == rounds and level["steady"] is steady
+    assert level["output_tokens_per_s"] == tok_s[-1] and level["timed_runs"] == len(tok_s)
+    assert seeds == list(range(len(tok_s)))  # every round its own prompts
+
+
+def test_a_level_whose_timed_run_compiled_is_not_timed_again_for_disagreeing():
+    from samoyeds_vllm.bench.e2e import timed_until_steady
+
+    def rerun_if_compiled(measure_run):  # three runs, every one compiled
+        return measure_run(2), {"timed_runs": 3, "jit_compiles": 5, "jit_free": False}
+
+    level = timed_until_steady(lambda run: {"output_tokens_per_s": 50.0, "run": run}, 100, rerun_if_compiled)
+    assert level["timed_runs"] == 3 and level["jit_compiles"] == 5 and level["jit_free"] is False
+    assert level["run"] == 2 and level["steady"] is False
+
+
+def test_the_report_names_served_levels_whose_rounds_kept_disagreeing():
+    samoyeds = _result("samoyeds(V=128), FP8 values", {1: 270}, tpot=3.5)
+    samoyeds["serving"]["levels"][0].update(rounds_output_tokens_per_s=[18051.2, 14168.0, 18000.0, 14100.0])
+    samoyeds["serving"]["levels"][0]["steady"] = False
+    results = {"preset": "p", "date": "d", "device": "g", "vllm": "v", "torch": "t", "engine_args": []}
+    text = markdown({**results, "variants": {"samoyeds-fp8": samoyeds}})
+    assert "**Served rounds that kept disagreeing** (output tok/s, untimed round first): samoyeds-fp8 1 clients" in text
+    assert "(18,051 / 14,168 / 18,000 / 14,100)" in text
