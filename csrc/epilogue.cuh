@@ -59,8 +59,8 @@ __device__ __forceinline__ void scale_columns(float (&even)[MT][NT][4], float (&
 // a row of the gate half, h = 0 gate, 1 up) and tile column 8 j + 2 t + i % 2; samoyeds: even / odd are output rows
 // 2 crow and 2 crow + 1. GATE_UP: act = SiLU(gate) * up by sorted position; else the routing-weighted row by
 // original slot. With split-K (gridDim.z > 1) the raw fp32 sums go to `partial` and the split epilogues finish.
-// slot_at(n): the output row of token column n (-1: padding), weight_at(n, slot): its routing weight (GATE_UP
-// stores no weight; the mma kernel reads it by sorted position and needs only n).
+// slot_at(n): the output row of token column n (-1: padding), weight_at(n): its routing weight (by sorted position,
+// beside the slot; GATE_UP stores no weight).
 template <typename T, bool SAMOYEDS, bool GATE_UP, int MT, int NT, typename SlotAt, typename WeightAt>
 __device__ __forceinline__ void store_tile(const float (&even)[MT][NT][4], const float (&odd)[MT][NT][4],
                                            const int (&crow)[MT], int lane, SlotAt slot_at, WeightAt weight_at,
@@ -90,7 +90,7 @@ __device__ __forceinline__ void store_tile(const float (&even)[MT][NT][4], const
     for (int j = 0; j < GROUP; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c)
-        weight_of[j][c] = GATE_UP ? 1.0f : weight_at((j0 + j) * 8 + 2 * t + c, slot_of[j][c]);
+        weight_of[j][c] = GATE_UP ? 1.0f : weight_at((j0 + j) * 8 + 2 * t + c);
 #pragma unroll
     for (int jj = 0; jj < GROUP; ++jj) {
       const int j = j0 + jj;

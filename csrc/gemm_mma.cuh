@@ -275,7 +275,7 @@ __device__ __forceinline__ void moe_gemm_body(
   store_tile<T, SAMOYEDS, GATE_UP>(
       acc, acc_odd, crow, lane,
       [&](int n) { return n >= n_rows ? -1 : GATE_UP ? first + n : sorted_slot[first + n]; },
-      [&](int n, int) { return n < n_rows ? sorted_weight[first + n] : 1.0f; }, out, partial, N_out, slots);
+      [&](int n) { return n < n_rows ? sorted_weight[first + n] : 1.0f; }, out, partial, N_out, slots);
 }
 
 

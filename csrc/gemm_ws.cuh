@@ -341,7 +341,7 @@ __device__ __forceinline__ void moe_gemm_ws_body(
         scale_columns<SAMOYEDS>(acc, acc_odd, lane, [&](int n) { return info.weight[n]; });
       store_tile<T, SAMOYEDS, GATE_UP>(
           acc, acc_odd, crow, lane, [&](int n) { return info.slot[n]; },
-          [&](int n, int) { return info.weight[n]; }, out, partial, N_out, slots);
+          [&](int n) { return info.weight[n]; }, out, partial, N_out, slots);
       mbar_arrive(&item_empty[item & 1]);
     }
   }
