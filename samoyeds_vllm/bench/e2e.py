@@ -637,7 +637,7 @@ def bench_e2e(
                 changed = settings_changed(saved.get("settings", {}), settings)
                 print(f"{name}: {path.name} was measured with other settings ({changed}): moved to {set_aside(path)}")
                 saved = {}
-            result = saved if saved.get("settings") == settings and "failed" not in saved else {"settings": settings}
+            result = saved if saved and "failed" not in saved else {"settings": settings}
             model = variant.model(preset, segment, out / "models" / name)
 
             def save(result=result, path=path):
