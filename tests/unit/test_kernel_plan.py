@@ -351,6 +351,30 @@ def test_the_shipped_deepseek_v3_table_takes_64_token_tiles_where_measured(monke
     kernel_plan._read_table.cache_clear()
 
 
+def test_the_shipped_h200_tables_split_k_at_decode_where_measured(monkeypatch):
+    """configs/kernels/ holds H200 split-K factors for Qwen3-30B-A3B's and Mixtral-8x7B's FP8 samoyeds layers at
+    decode, where a split clearly beat the heuristics (benchmarks/results/decode-splits-h200/); every other decode
+    size takes the heuristics' factors (the same as a GPU of the H200's SMs without a table)."""
+    monkeypatch.delenv(kernel_plan.CONFIG_DIR_ENV, raising=False)
+    kernel_plan._read_table.cache_clear()
+    h200 = Device("NVIDIA H200", (9, 0), 132, "sm_90a")
+    untuned = Device("an H200 without tables", (9, 0), 132, "sm_90a")
+    mixtral = dict(top_k=2, num_experts=8, hidden=4096, inter=14336)
+
+    def splits(tokens: int, shape: dict, device: Device = h200) -> tuple[int, int]:
+        plan = plan_moe(LayerShape(tokens, **shape), SAMOYEDS, torch.bfloat16, device, True)
+        return plan.gate_up.splits, plan.down.splits
+
+    assert splits(3, QWEN3) == (4, 1) and splits(4, QWEN3) == (2, 1)
+    for tokens in (1, 2, 5, 6, 8, 16):
+        assert splits(tokens, QWEN3) == splits(tokens, QWEN3, untuned), tokens
+    measured = {3: (4, 3), 4: (4, 3), 8: (1, 3), 12: (4, 3), 16: (2, 3), 24: (2, 3)}  # 24: the entry of 16
+    assert {t: splits(t, mixtral) for t in measured} == measured
+    for tokens in (1, 2, 6, 32):
+        assert splits(tokens, mixtral) == splits(tokens, mixtral, untuned), tokens
+    kernel_plan._read_table.cache_clear()
+
+
 def test_the_shipped_mixtral_table_keeps_bf16_activations_in_the_down_projection_where_measured(monkeypatch):
     """configs/kernels/ holds the H200 table of Mixtral-8x7B's FP8 samoyeds layer: at T = 64-128 the down projection
     multiplies bf16 activations (the ws kernel, FP8 values), gate/up FP8 copies; the heuristics elsewhere."""
