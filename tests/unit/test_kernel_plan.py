@@ -19,6 +19,7 @@ from samoyeds_vllm.kernels.plan import Device, compiled_kernels, splits_heuristi
 SMS = 132  # H100 SXM
 H100 = Device("NVIDIA H100 80GB HBM3", (9, 0), SMS, "sm_90a")
 A100 = Device("NVIDIA A100-SXM4-80GB", (8, 0), 108, "sm_80")
+H200 = Device("NVIDIA H200", (9, 0), 132, "sm_90a")  # the GPU of the shipped tables in configs/kernels/
 QWEN3 = dict(top_k=8, num_experts=128, hidden=2048, inter=768)
 SAMOYEDS, TWO_FOUR = Pattern.parse("samoyeds"), Pattern.parse("2:4")
 
@@ -232,8 +233,7 @@ def test_rows_off_the_ws_blocks_fall_back_to_the_one_warpgroup_kernel():
 def test_gemm1_maps_itself_for_a_few_tokens_in_the_narrowest_mma_tile(device):
     """csrc/few_tokens.cuh: up to 8 tokens and 32 slots (one lane each), where the plan takes the 8-token mma tile for
     GEMM 1."""
-    mixtral = dict(top_k=2, num_experts=8, hidden=4096, inter=14336)
-    cases = [(1, QWEN3, True), (4, QWEN3, True), (5, QWEN3, False), (8, mixtral, True), (9, mixtral, False)]
+    cases = [(1, QWEN3, True), (4, QWEN3, True), (5, QWEN3, False), (8, MIXTRAL, True), (9, MIXTRAL, False)]
     for tokens, shape, expected in cases:  # Qwen3 is top-8: 5 tokens make 40 slots
         plan = plan_moe(LayerShape(tokens, **shape), SAMOYEDS, torch.bfloat16, device)
         assert plan.few_token_map == expected, (tokens, shape)
@@ -341,9 +341,8 @@ def test_the_shipped_deepseek_v3_table_takes_64_token_tiles_where_measured(monke
     512 (the H200 search's winners), the heuristics below, and past its largest entry."""
     monkeypatch.delenv(kernel_plan.CONFIG_DIR_ENV, raising=False)
     kernel_plan._read_table.cache_clear()
-    h200 = Device("NVIDIA H200", (9, 0), 132, "sm_90a")
 
-    def tile(tokens: int, fp8: bool = True, device: Device = h200) -> int:
+    def tile(tokens: int, fp8: bool = True, device: Device = H200) -> int:
         return plan_moe(LayerShape(tokens, **DEEPSEEK_V3), SAMOYEDS, torch.bfloat16, device, fp8).token_tile
 
     assert [tile(t) for t in (1, 64, 128, 192, 256, 384, 512, 1024)] == [8, 8, 8, 64, 64, 64, 64, 64]
@@ -358,11 +357,9 @@ def test_the_shipped_h200_tables_split_k_at_decode_where_measured(monkeypatch):
     H200's SMs without a table); sizes between take the nearest entry, ties the smaller."""
     monkeypatch.delenv(kernel_plan.CONFIG_DIR_ENV, raising=False)
     kernel_plan._read_table.cache_clear()
-    h200 = Device("NVIDIA H200", (9, 0), 132, "sm_90a")
     untuned = Device("an H200 without tables", (9, 0), 132, "sm_90a")
-    mixtral = dict(top_k=2, num_experts=8, hidden=4096, inter=14336)
 
-    def splits(tokens: int, shape: dict, device: Device = h200) -> tuple[int, int]:
+    def splits(tokens: int, shape: dict, device: Device = H200) -> tuple[int, int]:
         plan = plan_moe(LayerShape(tokens, **shape), SAMOYEDS, torch.bfloat16, device, True)
         return plan.gate_up.splits, plan.down.splits
 
@@ -370,10 +367,10 @@ def test_the_shipped_h200_tables_split_k_at_decode_where_measured(monkeypatch):
     for tokens in (1, 2, 5, 6, 8, 16):
         assert splits(tokens, QWEN3) == splits(tokens, QWEN3, untuned), tokens
     measured = {3: (4, 3), 4: (4, 3), 8: (1, 3), 12: (4, 3), 16: (2, 3), 24: (2, 3)}  # 24: the entry of 16
-    assert {t: splits(t, mixtral) for t in measured} == measured
-    assert splits(10, mixtral) == (1, 3) and splits(14, mixtral) == (4, 3)  # ties: the smaller entry
+    assert {t: splits(t, MIXTRAL) for t in measured} == measured
+    assert splits(10, MIXTRAL) == (1, 3) and splits(14, MIXTRAL) == (4, 3)  # ties: the smaller entry
     for tokens in (1, 2, 5, 6, 7, 32):
-        assert splits(tokens, mixtral) == splits(tokens, mixtral, untuned), tokens
+        assert splits(tokens, MIXTRAL) == splits(tokens, MIXTRAL, untuned), tokens
     kernel_plan._read_table.cache_clear()
 
 
@@ -382,11 +379,9 @@ def test_the_shipped_mixtral_table_keeps_bf16_activations_in_the_down_projection
     multiplies bf16 activations (the ws kernel, FP8 values), gate/up FP8 copies; the heuristics elsewhere."""
     monkeypatch.delenv(kernel_plan.CONFIG_DIR_ENV, raising=False)
     kernel_plan._read_table.cache_clear()
-    h200 = Device("NVIDIA H200", (9, 0), 132, "sm_90a")
-    mixtral = dict(top_k=2, num_experts=8, hidden=4096, inter=14336)
 
-    def acts(tokens: int, device: Device = h200) -> tuple[bool, bool]:
-        plan = plan_moe(LayerShape(tokens, **mixtral), SAMOYEDS, torch.bfloat16, device, True)
+    def acts(tokens: int, device: Device = H200) -> tuple[bool, bool]:
+        plan = plan_moe(LayerShape(tokens, **MIXTRAL), SAMOYEDS, torch.bfloat16, device, True)
         return plan.gate_up.fp8_activations, plan.down.fp8_activations
 
     assert [acts(t) for t in (1, 64, 128, 256, 1024)] == [
@@ -492,7 +487,7 @@ def test_elementwise_grids_are_one_wave_of_the_blocks_that_fit():
     def six_sum_blocks(name: str, threads: int, shared_bytes: int) -> int:
         return 6 if "sum_slots" in name else _h100_occupancy(name, threads, shared_bytes)
 
-    mixtral = LayerShape(16384, top_k=2, num_experts=8, hidden=4096, inter=14336)  # far past one wave
+    mixtral = LayerShape(16384, **MIXTRAL)  # far past one wave
     for occupancy, per_sm in ((None, 8), (_h100_occupancy, 8), (six_sum_blocks, 6)):
         assert plan_moe(mixtral, SAMOYEDS, torch.bfloat16, H100, True, occupancy).sum_grid == (per_sm * SMS, 1, 1)
     decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100, True, six_sum_blocks)
