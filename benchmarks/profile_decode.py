@@ -6,16 +6,18 @@
 Each variant is one of `bench e2e`'s (its config-only model, dummy weights, and the environment its processes get)
 and runs in its own process: vLLM as served (CUDA graphs; --enforce-eager to compare) generates --steps tokens for
 each batch of 8-token prompts, first untimed (so JIT compilation and first-use costs fall there), then under vLLM's
-torch profiler. The GPU kernels of each trace are summed by category (kernel-name patterns below) and divided by
-the steps (the one short prefill is included); the wall time per step is measured around generate, and the GPU
-idle time is what of it no kernel covers (host work between kernels and steps). Writes DIR/profile-decode.json and
-prints a table. On a CPU there are no GPU kernels: only wall times.
+torch profiler. The GPU time of each trace is split among its kernels (where kernels overlap, as dependent launches
+do, each instant goes to the earliest-started one: kernel_times), summed by category (kernel-name patterns below)
+and divided by the steps (the one short prefill is included); the wall time per step is measured around generate,
+and the GPU idle time is what of it no kernel covers (host work between kernels and steps). Writes
+DIR/profile-decode.json and prints a table. On a CPU there are no GPU kernels: only wall times.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import heapq
 import json
 import os
 import re
@@ -55,11 +57,39 @@ def trace_kernels(trace_dir: Path) -> list[tuple[str, float, float]]:
     return kernels
 
 
-def kernel_times(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
-    """µs of GPU time per kernel name."""
+def kernel_spans(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
+    """µs from start to end per kernel name, summed. A kernel launched as a programmatic dependent launch (ours,
+    DeepGEMM's) starts before the kernel before it ends and waits inside, so its span includes that wait."""
     totals: dict[str, float] = defaultdict(float)
     for name, _, dur in kernels:
         totals[name] += dur
+    return dict(totals)
+
+
+def kernel_times(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
+    """µs of GPU time per kernel name, each instant given to the earliest-started kernel running then: of kernels
+    that overlap through dependent launches the later ones wait for it, so it is the one on the step's path. The
+    times add up to busy_time (summing spans would count the waits too)."""
+    totals: dict[str, float] = defaultdict(float)
+    running: list[tuple[float, int, float, str]] = []  # heap of (start, launch order, end, name)
+    now = float("-inf")
+
+    def advance(until: float) -> None:
+        nonlocal now
+        while running and now < until:
+            _, _, end, name = running[0]
+            if end > now:
+                stop = min(end, until)
+                totals[name] += stop - now
+                now = stop
+            if end <= now:
+                heapq.heappop(running)
+        now = max(now, until)
+
+    for order, (name, start, dur) in enumerate(sorted(kernels, key=lambda k: k[1])):
+        advance(start)
+        heapq.heappush(running, (start, order, start + dur, name))
+    advance(float("inf"))
     return dict(totals)
 
 
@@ -138,7 +168,7 @@ def profile_variant(model: Path, batches: list[int], steps: int, out: Path, engi
         trace_dir = out / f"trace-{model.name}-b{batch}"
         _new_traces(trace_root, seen, trace_dir)
         kernels = trace_kernels(trace_dir)
-        times = kernel_times(kernels)
+        times, spans = kernel_times(kernels), kernel_spans(kernels)
         top = sorted(times.items(), key=lambda item: -item[1])[:TOP_KERNELS]
         results[batch] = {
             "wall_ms_per_step": 1e3 * wall / steps,
@@ -146,7 +176,8 @@ def profile_variant(model: Path, batches: list[int], steps: int, out: Path, engi
             "kernel_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(by_category(times).items())},
             "largest_gpu_gaps": largest_gaps(kernels),
             "top_kernels_us_per_step": [
-                {"name": name[:160], "category": category(name), "us": us / steps} for name, us in top
+                {"name": name[:160], "category": category(name), "us": us / steps, "span_us": spans[name] / steps}
+                for name, us in top
             ],
         }
     return results

@@ -18,13 +18,13 @@ spec.loader.exec_module(profile_decode)
 
 def test_kernel_times_by_category(tmp_path):
     events = [
-        {"cat": "kernel", "name": "_ZN8samoyeds8moe_gemmI13__nv_bfloat16Lb1ELi128ELi8ELb1EEEvPKT_", "dur": 20},
-        {"cat": "kernel", "name": "fused_moe_kernel", "dur": 30},
-        {"cat": "kernel", "name": "void vllm::act_and_mul_kernel<c10::BFloat16, ...>", "dur": 3},
-        {"cat": "kernel", "name": "void flash::flash_fwd_splitkv_kernel<...>", "dur": 7},
-        {"cat": "kernel", "name": "nvjet_tst_128x64_64x4_1x2_h_bz_coopA_TNT", "dur": 5},
-        {"cat": "kernel", "name": "triton_poi_fused_add_rms_norm_0", "dur": 2},
-        {"cat": "cpu_op", "name": "aten::mm", "dur": 1000},  # host events are not GPU time
+        {"cat": "kernel", "name": "_ZN8samoyeds8moe_gemmI13__nv_bfloat16Lb1ELi128ELi8ELb1EEEvPKT_", "ts": 0, "dur": 20},
+        {"cat": "kernel", "name": "fused_moe_kernel", "ts": 20, "dur": 30},
+        {"cat": "kernel", "name": "void vllm::act_and_mul_kernel<c10::BFloat16, ...>", "ts": 50, "dur": 3},
+        {"cat": "kernel", "name": "void flash::flash_fwd_splitkv_kernel<...>", "ts": 60, "dur": 7},
+        {"cat": "kernel", "name": "nvjet_tst_128x64_64x4_1x2_h_bz_coopA_TNT", "ts": 70, "dur": 5},
+        {"cat": "kernel", "name": "triton_poi_fused_add_rms_norm_0", "ts": 80, "dur": 2},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1000},  # host events are not GPU time
     ]
     with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events}, f)
@@ -32,6 +32,15 @@ def test_kernel_times_by_category(tmp_path):
     times = profile_decode.kernel_times(kernels)
     assert times["fused_moe_kernel"] == 30.0 and "aten::mm" not in times
     assert profile_decode.by_category(times) == {"moe": 53.0, "attention": 7.0, "gemm": 5.0, "other": 2.0}
+
+
+def test_overlapping_kernels_time_goes_to_the_one_started_first():
+    """A dependent launch starts while the kernel before it runs and waits: the overlap is the earlier kernel's."""
+    kernels = [("a", 0.0, 10.0), ("b", 6.0, 9.0), ("c", 7.0, 2.0), ("d", 20.0, 4.0), ("b", 22.0, 10.0)]
+    times = profile_decode.kernel_times(kernels)
+    assert times == {"a": 10.0, "b": 5.0 + 8.0, "d": 4.0}  # c ran inside a's span; d's span hides b's first 2 µs
+    assert sum(times.values()) == profile_decode.busy_time(kernels) == 27.0
+    assert profile_decode.kernel_spans(kernels) == {"a": 10.0, "b": 19.0, "c": 2.0, "d": 4.0}
 
 
 def test_busy_time_counts_overlapping_kernels_once():
