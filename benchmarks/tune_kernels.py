@@ -33,11 +33,20 @@ from samoyeds_vllm.tools.presets import preset_shape
 
 
 def candidates(
-    plan: kernels.MoEPlan, k_tiles: tuple[int, int], pattern: Pattern, hopper: bool, search: str, fp8: bool
+    plan: kernels.MoEPlan,
+    k_tiles: tuple[int, int],
+    pattern: Pattern,
+    hopper: bool,
+    search: str,
+    fp8: bool,
+    one_token: bool = False,
 ) -> list[tuple[str, KernelConfig]]:
-    """(name, KernelConfig) to time."""
+    """(name, KernelConfig) to time. plan: the general path's plan (at one token "default" is the one-token kernels,
+    and "general path" the heuristics' choices of the general path)."""
     samoyeds = pattern.is_samoyeds
     out = [("default", KernelConfig())]  # the heuristics (no tuned table)
+    if one_token:
+        out.append(("general path", KernelConfig(one_token=False)))
     if search in ("splits", "all"):
         for z1, z2 in itertools.product((1, 2, 4), (1, 3)):
             z1, z2 = min(z1, k_tiles[0]), min(z2, k_tiles[1])
@@ -82,13 +91,17 @@ def main() -> None:
         shape, pattern = preset_shape(shape_name), Pattern.parse(pattern_name)
         layer = LayerShape(tokens, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate)
         plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device, fp8)
+        one_token = plan.one_token
+        if one_token:  # the general path's choices are the ones to vary
+            with kernels.override_config(KernelConfig(one_token=False)):
+                plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device, fp8)
         problem = make_problem(shape, pattern, tokens, seed=tokens, values=FP8 if fp8 else None)
         # The references of the problem's (dequantized) weights, per choice of FP8 activations; with FP8 values
         # also the fp32 layer of the same problem with bf16 values, what quantizing costs in all.
         refs = {}
         unquantized = reference(make_problem(shape, pattern, tokens, seed=tokens)) if fp8 else None
         k_tiles = (shape.hidden // 128, shape.intermediate // 128)
-        configs = candidates(plan, k_tiles, pattern, device.hopper, args.search, fp8)
+        configs = candidates(plan, k_tiles, pattern, device.hopper, args.search, fp8, one_token)
         cells: dict[str, list[float]] = {}
         errors: dict[str, float] = {}
         for rnd in range(2):

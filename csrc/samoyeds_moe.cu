@@ -7,6 +7,8 @@
 //   2. gemm_*.cuh    GEMM 1, gate and up, SiLU(gate) * up fused, reading the tokens' rows of x in place;
 //   3. gemm_*.cuh    GEMM 2, down, the routing weight fused, one output row per slot;
 //   4. reduce.cuh    each token's sum over its top-k slots (and the split-K sums of small batches).
+// One token takes one_token.cuh instead: GEMM 1 and GEMM 2 whose blocks add their warps' parts themselves (no index,
+// no reductions after them).
 // gemm_mma.cuh runs decode and mid-size batches (and everything before Hopper), gemm_ws.cuh the wide token tiles
 // on Hopper; both read the weights exactly in the packed layout of samoyeds_vllm/format/packing.py:
 //   values [E, R, K/2]  the kept values; R = out rows (2:4) or out rows / 2 (samoyeds: one condensed row per pair)
@@ -22,6 +24,7 @@
 #include "config.cuh"
 #include "gemm_mma.cuh"
 #include "gemm_ws.cuh"
+#include "one_token.cuh"
 #include "params.cuh"
 #include "quantize.cuh"
 #include "reduce.cuh"

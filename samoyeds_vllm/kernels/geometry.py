@@ -40,6 +40,7 @@ MAX_SPLITS = CONSTANTS["MAX_SPLITS"]  # split-K factor cap
 ELEMENTWISE_THREADS = CONSTANTS["ELEMENTWISE_THREADS"]
 FEW_TOKENS = CONSTANTS["FEW_TOKENS"]  # batches whose GEMM 1 may map itself (csrc/few_tokens.cuh) ...
 FEW_TOKEN_SLOTS = CONSTANTS["FEW_TOKEN_SLOTS"]  # ... with at most these slots
+ONE_TOKEN_STAGES = CONSTANTS["ONE_TOKEN_STAGES"]  # depth of each warp's ring in the layer of one token
 
 #: The activation (and packed value) dtypes the kernels are compiled for, with their CUDA type names.
 CTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}
@@ -56,6 +57,14 @@ def stage_bytes(token_tile: int, a_rows: int, value_bytes: int = 2, act_bytes: i
     2, or 1 for FP8 activations), the A tile (A_ROWS x 64 values of value_bytes: 2, or 1 for FP8) and the metadata
     tile (A_ROWS x 8 halfwords)."""
     return token_tile * BK * act_bytes + a_rows * (BK // 2) * value_bytes + a_rows * (BK // 16) * 2
+
+
+def one_token_stage_bytes(slabs: int, value_bytes: int = 2) -> int:
+    """sizeof(OneTokenStage<MT, VALUE_BYTES>) of csrc/one_token.cuh: `slabs` m16 tiles of weight rows (64 values of
+    value_bytes each), their metadata, the token's BK inputs (2 bytes each) and room for BK / 32 segments' row
+    selections."""
+    rows = slabs * SLAB_ROWS
+    return rows * (BK // 2) * value_bytes + rows * (BK // 16) * 2 + BK * 2 + (BK // 32) * rows
 
 
 def template_name(kernel: str, *args) -> str:
@@ -81,7 +90,8 @@ def _template_arg(arg) -> str:
 class BlockShape:
     """The block of one GEMM kernel: `warps` MMA warps, each owning `slabs` m16 tiles of condensed rows (GEMM 1
     always has two, the same rows of gate and of up), run as `kind`: "mma" (mma.sp, moe_gemm), "wgmma" (one
-    warpgroup's wgmma.sp, moe_gemm on sm_90a) or "ws" (gemm_ws.cuh: a copying warpgroup and two MMA warpgroups)."""
+    warpgroup's wgmma.sp, moe_gemm on sm_90a), "ws" (gemm_ws.cuh: a copying warpgroup and two MMA warpgroups) or
+    "one_token" (one_token.cuh: every warp on the same slab, each with its own share of the k tiles)."""
 
     kind: str
     warps: int
@@ -89,6 +99,8 @@ class BlockShape:
 
     def rows(self, gate_up: bool) -> int:
         """Condensed rows per block: of one half for gate/up (gate and up are read together), else all slabs."""
+        if self.kind == "one_token":
+            return SLAB_ROWS
         return SLAB_ROWS * self.warps * (1 if gate_up else self.slabs)
 
     @property
@@ -101,10 +113,15 @@ class BlockShape:
         return WS_THREADS if self.kind == "ws" else 32 * self.warps
 
     def stages(self, token_tile: int, fp8: bool = False) -> int:
+        if self.kind == "one_token":
+            return ONE_TOKEN_STAGES
         return WS_STAGES[token_tile, fp8] if self.kind == "ws" else STAGES
 
     def shared_bytes(self, token_tile: int, fp8: bool = False, fp8_activations: bool = False) -> int:
-        """Dynamic shared memory: the pipeline's stages, plus 1 KB to align them (aligned_stages in tiles.cuh)."""
+        """Dynamic shared memory: the pipeline's stages, plus 1 KB to align them (aligned_stages in tiles.cuh); one
+        token: each warp's ring."""
+        if self.kind == "one_token":
+            return self.warps * ONE_TOKEN_STAGES * one_token_stage_bytes(self.slabs, 1 if fp8 else 2)
         stage = stage_bytes(token_tile, self.a_rows, 1 if fp8 else 2, 1 if fp8_activations else 2)
         return self.stages(token_tile, fp8) * stage + 1024
 
@@ -120,6 +137,8 @@ class BlockShape:
         """dtype: the activations'; fp8: the values are FP8; fp8_activations: the ws kernel multiplies FP8 copies of
         the activations (FP8 x FP8)."""
         samoyeds, segment = pattern_template_args(pattern)
+        if self.kind == "one_token":
+            return template_name("moe_one_token", dtype, fp8, samoyeds, segment, gate_up, self.warps)
         if self.kind == "ws":
             return template_name("moe_gemm_ws", dtype, fp8, samoyeds, segment, token_tile, gate_up, fp8_activations)
         return template_name(

@@ -6,6 +6,8 @@ Kernels run on torch's current stream with no host synchronisation, so vLLM capt
 2. GEMM 1 (gate and up, SiLU(gate) * up fused) reading the tokens' rows of x in place through the index;
 3. GEMM 2 (down, routing weight fused) writing each slot's output row;
 4. the sum over the top-k slots of each token (a fixed order: deterministic).
+One token takes two kernels instead (csrc/one_token.cuh): GEMM 1 and GEMM 2 read topk_ids themselves and add their
+warps' parts in shared memory, so there is no index, no split-K partial and no slot sum.
 With FP8 values, Hopper's ws kernel multiplies FP8 copies of its activations (e4m3 bytes and a scale per row, made
 by one small kernel before each GEMM: csrc/quantize.cuh) unless a kernel config says otherwise.
 From Hopper on, each launch is a programmatic dependent launch: its blocks may start while the kernel before it
@@ -102,18 +104,20 @@ def _forward(
         function = build.kernel(dtype, pattern, arch, fp8, name, shared_bytes).kernel.ptr
         launches.append((function, build.launch_config((*grid, 1, 1)[:3], threads, shared_bytes, dependent)))
 
-    if plan.chunks:
-        launch(template_name("count_slots"), (plan.chunks,), ROUTE_THREADS)
-    launch(template_name("build_routing_index"), (1,), plan.routing_threads)
-    if plan.chunks:
-        launch(template_name("scatter_slots"), (plan.chunks,), ROUTE_THREADS)
+    if not plan.one_token:  # the one-token kernels read topk_ids themselves
+        if plan.chunks:
+            launch(template_name("count_slots"), (plan.chunks,), ROUTE_THREADS)
+        launch(template_name("build_routing_index"), (1,), plan.routing_threads)
+        if plan.chunks:
+            launch(template_name("scatter_slots"), (plan.chunks,), ROUTE_THREADS)
     for gemm in (plan.gate_up, plan.down):
         if gemm.quantize_kernel:
             launch(gemm.quantize_kernel, gemm.quantize_grid, ELEMENTWISE_THREADS)
         launch(gemm.kernel, gemm.grid, gemm.threads, gemm.shared_bytes)
         if gemm.gate_up and plan.silu_kernel:
             launch(plan.silu_kernel, plan.silu_grid, ELEMENTWISE_THREADS)
-    launch(plan.sum_kernel, plan.sum_grid, ELEMENTWISE_THREADS)
+    if plan.sum_kernel:
+        launch(plan.sum_kernel, plan.sum_grid, ELEMENTWISE_THREADS)
     return _Forward(tuple(launches), workspace_layout(plan, shape, dtype))
 
 

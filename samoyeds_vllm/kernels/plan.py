@@ -48,6 +48,10 @@ ELEMENTWISE_BLOCKS_PER_SM = 8  # 2048 threads per SM in blocks of 256: the most 
 HOPPER_WIDE_FROM = 16  # average slots per expert from which Hopper takes WIDE_BN tiles (token_tile_heuristic)
 ROUTE_CHUNKED_FROM = 4 * ROUTE_CHUNK  # batches with at least this many slots count and scatter over many blocks
 MIN_ROW_BLOCK = SLAB_ROWS * 4  # the smallest block (4 warps, one slab): weight rows come in whole blocks of it
+#: Warps of the one-token kernels' blocks (csrc/one_token.cuh), by GEMM (gate/up or not): GEMM 1's warps split one
+#: expert's k tiles, GEMM 2's the token's slots (each a share of its k tiles), so its blocks take top-k up to this.
+#: With 16-row slabs this keeps the warps of the general path's decode grids (Qwen3-30B-A3B: 192 x 4 and 64 x 8).
+ONE_TOKEN_WARPS = {True: 4, False: 8}
 # (kernel name, threads, dynamic shared bytes) -> blocks of it that one SM holds at once (build.occupancy: the
 # driver's calculator, from the compiled kernel's registers and shared memory). Plans are cached with it, so it must
 # be hashable and give the same answers for the life of the process.
@@ -137,6 +141,9 @@ class KernelConfig:
     token_tile: int | None = None
     gate_up: GemmConfig = field(default_factory=GemmConfig)
     down: GemmConfig = field(default_factory=GemmConfig)
+    # One token: the one-token kernels (csrc/one_token.cuh), or the general path; None: the one-token kernels where
+    # they run, unless the config fixes a choice of the general path (a token tile, or any of a GEMM's)
+    one_token: bool | None = None
 
     @classmethod
     def from_json(cls, data: dict, where: str = "kernel config") -> KernelConfig:
@@ -145,15 +152,26 @@ class KernelConfig:
                 data.get("token_tile"),
                 GemmConfig(**data.get("gate_up", {})),
                 GemmConfig(**data.get("down", {})),
+                data.get("one_token"),
             )
         except (TypeError, AttributeError) as e:
             raise SamoyedsError(f"{where}: not a kernel config ({e}); see configs/kernels/README.md") from None
+
+    @property
+    def general_path(self) -> bool:
+        """Whether the config fixes a choice only the general path has."""
+        return self.token_tile is not None or self.gate_up != GemmConfig() or self.down != GemmConfig()
 
     def to_json(self) -> dict:
         def gemm(c: GemmConfig) -> dict:
             return {k: v for k, v in vars(c).items() if v is not None}
 
-        out = {"token_tile": self.token_tile, "gate_up": gemm(self.gate_up), "down": gemm(self.down)}
+        out = {
+            "token_tile": self.token_tile,
+            "gate_up": gemm(self.gate_up),
+            "down": gemm(self.down),
+            "one_token": self.one_token,
+        }
         return {k: v for k, v in out.items() if v not in (None, {})}
 
 
@@ -369,11 +387,12 @@ class MoEPlan:
     routing_threads: int
     gate_up: GemmPlan
     down: GemmPlan
-    sum_kernel: str
+    sum_kernel: str | None  # the slot sum (None: GEMM 2 writes the output itself)
     sum_grid: tuple[int, int, int]
     silu_kernel: str | None  # finishes GEMM 1 under split-K
     silu_grid: tuple[int, int, int]
     few_token_map: bool = False  # GEMM 1 works its tile map out from topk_ids (csrc/few_tokens.cuh)
+    one_token: bool = False  # the two one-token kernels alone (csrc/one_token.cuh): no routing index, no reductions
 
 
 def plan_moe(
@@ -404,6 +423,12 @@ def _plan(
     samoyeds, hopper = pattern.is_samoyeds, device.hopper
     rows13, rows2 = shape.packed_rows(pattern)
     slots = shape.slots
+    if config.one_token or (config.one_token is None and not config.general_path):
+        refusal = one_token_refusal(shape)
+        if refusal is None:
+            return _one_token_plan(shape, pattern, dtype, fp8)
+        if config.one_token:
+            raise SamoyedsError(f"kernel config: one_token, but {refusal}")
     if config.token_tile is not None:
         if config.token_tile not in token_tiles(samoyeds, hopper):
             raise SamoyedsError(
@@ -535,6 +560,56 @@ def _plan(
     )
 
 
+def one_token_refusal(shape: LayerShape) -> str | None:
+    """Why the one-token kernels cannot run this forward (None: they can)."""
+    if shape.tokens != 1:
+        return f"{shape.tokens} tokens (the one-token kernels run one)"
+    if shape.top_k > ONE_TOKEN_WARPS[False]:
+        warps = ONE_TOKEN_WARPS[False]
+        return f"top-{shape.top_k} routing (a down-projection block's {warps} warps take a slot each)"
+    return None
+
+
+def one_token_block(gate_up: bool) -> BlockShape:
+    """A one-token kernel's block: its warps, and its m16 tiles per warp (gate and up, or the output rows)."""
+    return BlockShape("one_token", ONE_TOKEN_WARPS[gate_up], 2 if gate_up else 1)
+
+
+def _one_token_plan(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, fp8: bool) -> MoEPlan:
+    """One token (csrc/one_token.cuh): GEMM 1's blocks are (16-row slab, slot), GEMM 2's 16-row slabs; two launches.
+    Replaces, at T = 1, a routing index, gate/up split four ways with a SiLU kernel over its partials, and a slot sum
+    (Qwen3-30B-A3B; unmeasured on the GPU as written)."""
+    rows13, rows2 = shape.packed_rows(pattern)
+
+    def gemm(gate_up: bool, rows: int) -> GemmPlan:
+        block = one_token_block(gate_up)
+        row_blocks = rows // block.rows(gate_up)
+        return GemmPlan(
+            gate_up,
+            block,
+            row_blocks,
+            1,
+            block.kernel_name(dtype, pattern, 1, gate_up, fp8),
+            (row_blocks, shape.top_k if gate_up else 1, 1),
+            block.threads,
+            block.shared_bytes(1, fp8),
+        )
+
+    return MoEPlan(
+        token_tile=1,  # a slot is its own tile
+        num_tiles=shape.top_k,
+        chunks=0,
+        routing_threads=0,
+        gate_up=gemm(True, rows13 // 2),
+        down=gemm(False, rows2),
+        sum_kernel=None,
+        sum_grid=(1, 1, 1),
+        silu_kernel=None,
+        silu_grid=(1, 1, 1),
+        one_token=True,
+    )
+
+
 def maps_itself(shape: LayerShape, token_tile: int, gate_up: GemmPlan) -> bool:
     """Whether GEMM 1 works its tile map out from topk_ids instead of waiting for the routing index
     (csrc/few_tokens.cuh): a few tokens in the narrowest tile of the mma kernel (the one kernel that does), with no
@@ -562,6 +637,7 @@ def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool 
     ]
     if fp8 and hopper:
         names += [template_name("quantize_rows", dtype, gate_up) for gate_up in (True, False)]
+    names += [one_token_block(gate_up).kernel_name(dtype, pattern, 1, gate_up, fp8) for gate_up in (True, False)]
     names += [template_name(k) for k in ("build_routing_index", "count_slots", "scatter_slots")]
     names.append(template_name("silu_mul_splits", dtype))
     names += [template_name("sum_slots", dtype, src, vec) for src in (dtype, torch.float32) for vec in (1, SUM_VEC)]

@@ -42,6 +42,9 @@ def one_preset_per_expert_shape() -> list[str]:
 
 SHAPES = one_preset_per_expert_shape()
 PATTERNS = {"samoyeds": Pattern.parse("samoyeds"), "2:4": Pattern.parse("2:4")}
+# Shapes of the FP8-value tests: making DeepSeek-V3's problem (256 experts) with FP8 values ran out of memory on an
+# H200 (141 GB), in packing
+FP8_SHAPES = ["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"]
 
 
 def check(shape, pattern, tokens, routing="balanced", dtype=torch.bfloat16, seed=0, values=None):
@@ -165,7 +168,9 @@ def test_fresh_inputs_every_run():
 def test_few_tokens_with_experts_elsewhere_or_repeated(shape, tokens, ids, values):
     """Up to 8 tokens and 32 slots GEMM 1 works its tile map out from topk_ids while the routing index is built
     (csrc/few_tokens.cuh): experts on another rank (id -1: expert parallelism) are skipped as the index skips them,
-    and a token routed twice to one expert, which no top-k does, takes the index's map; both match the reference."""
+    and a token routed twice to one expert, which no top-k does, takes the index's map; both match the reference.
+    One token runs it twice: the one-token kernels (csrc/one_token.cuh), which read topk_ids themselves, and the
+    general path."""
     problem = make_problem(preset_shape(shape), PATTERNS["samoyeds"], tokens, seed=21, values=values)
     if ids == "some-remote":
         problem.topk_ids[:, ::2] = -1
@@ -173,13 +178,40 @@ def test_few_tokens_with_experts_elsewhere_or_repeated(shape, tokens, ids, value
         problem.topk_ids.fill_(-1)
     else:
         problem.topk_ids[0, 1] = problem.topk_ids[0, 0]
-    out = run_sparse(problem)
-    torch.cuda.synchronize()
-    if ids == "all-remote":
-        assert torch.equal(out, torch.zeros_like(out))
-    else:
-        err, tol = error_against_plan(problem, out)
-        assert err < tol, f"relative error {err}"
+    for config in [KernelConfig(), KernelConfig(one_token=False)][: 2 if tokens == 1 else 1]:
+        with kernels.override_config(config):
+            out = run_sparse(problem)
+            torch.cuda.synchronize()
+            if ids == "all-remote":
+                assert torch.equal(out, torch.zeros_like(out)), config
+            else:
+                err, tol = error_against_plan(problem, out)
+                assert err < tol, f"{config}: relative error {err}"
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize(
+    "shape, values",
+    [(shape, None) for shape in SHAPES] + [(shape, FP8) for shape in FP8_SHAPES],
+    ids=[f"{shape}-values-bf16" for shape in SHAPES] + [f"{shape}-values-fp8" for shape in FP8_SHAPES],
+)
+def test_one_token_kernels_and_the_general_path(shape, values, pattern):
+    """At one token the plan takes the one-token kernels (csrc/one_token.cuh) where they run (top-k up to 8): every
+    expert shape (FP8 values: the FP8 tests' shapes), both patterns, against the reference and against the general
+    path's output."""
+    moe = preset_shape(shape)
+    problem = make_problem(moe, PATTERNS[pattern], 1, seed=5, values=values)
+    layer = LayerShape(1, moe.top_k, moe.num_experts, moe.hidden, moe.intermediate)
+    plan = kernels.plan_moe(layer, PATTERNS[pattern], problem.x.dtype, device_of(problem.x.device), values is not None)
+    outs = {}
+    for name, config in (("one token", KernelConfig()), ("general", KernelConfig(one_token=False))):
+        with kernels.override_config(config):
+            outs[name] = run_sparse(problem)
+            torch.cuda.synchronize()
+            err, tol = error_against_plan(problem, outs[name])
+            assert err < tol, f"{name}: relative error {err}"
+    assert plan.one_token == (moe.top_k <= 8)
+    assert relative_error(outs["one token"], outs["general"]) < BF16_TOLERANCE
 
 
 @pytest.mark.parametrize("values", [None, FP8], ids=["values-bf16", "values-fp8"])
@@ -228,7 +260,7 @@ def test_cuda_graph_replays_match_eager_calls(shape, tokens, values, monkeypatch
 
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("tokens", [1, 7, 64, 300, 4096])
-@pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"])
+@pytest.mark.parametrize("shape", FP8_SHAPES)
 def test_fp8_values(shape, tokens, pattern):
     """FP8 values against the fp32 product of their dequantized weights: the kernels' own error only."""
     check(preset_shape(shape), PATTERNS[pattern], tokens, seed=tokens, values=FP8)

@@ -86,6 +86,7 @@ def compiled_layout(tmp_path_factory) -> dict[str, int]:
         '#include "config.cuh"',
         '#include "params.cuh"',
         '#include "tiles.cuh"',
+        '#include "one_token.cuh"',
         "using namespace samoyeds;",
         "int main() {",
         "  MoEParams p{};",
@@ -96,6 +97,11 @@ def compiled_layout(tmp_path_factory) -> dict[str, int]:
     lines += [
         f'  printf("stage_{bn}_{rows}_{vb}_{ab} %zu\\n", sizeof(Stage<{bn}, {rows}, {vb}, {str(ab == 1).lower()}>));'
         for bn, rows, vb, ab in stages
+    ]
+    lines += [
+        f'  printf("one_token_stage_{mt}_{vb} %zu\\n", sizeof(OneTokenStage<{mt}, {vb}>));'
+        for mt in (1, 2)
+        for vb in (1, 2)
     ]
     # build.py's ctypes mirrors of cuLaunchKernelEx's structs
     lines += [
@@ -138,6 +144,11 @@ def test_stage_sizes_match_the_plans_shared_memory(compiled_layout):
             _, bn, rows, value_bytes, act_bytes = key.split("_")
             assert geometry.stage_bytes(int(bn), int(rows), int(value_bytes), int(act_bytes)) == size, key
     assert BlockShape("ws", 8, 2).a_rows == 256
+    one_token = {key: size for key, size in compiled_layout.items() if key.startswith("one_token_stage_")}
+    assert len(one_token) == 4
+    for key, size in one_token.items():
+        slabs, value_bytes = map(int, key.split("_")[-2:])
+        assert geometry.one_token_stage_bytes(slabs, value_bytes) == size, key
 
 
 #: The start of a kernel's definition in csrc/, up to its name and the parenthesis after it.
@@ -152,7 +163,7 @@ def test_every_kernel_takes_the_one_parameter_struct():
         for name, params_list in re.findall(KERNEL_DEFINITION + r"([^)]*)\)", path.read_text()):
             kernels += 1
             assert params_list == "const __grid_constant__ MoEParams p", (path.name, name, params_list)
-    assert kernels == 8  # 3 routing, 2 GEMM, 2 reductions, the FP8 quantization of activations
+    assert kernels == 9  # 3 routing, 2 GEMM, 2 reductions, the FP8 quantization of activations, one token
 
 
 def test_launch_structs_match_cuda_h(compiled_layout):
@@ -212,7 +223,7 @@ def test_every_kernel_waits_for_the_kernel_before_it():
     its inputs before they are written."""
     text = "".join(path.read_text() for path in sorted(CSRC.glob("*.cu*")))
     kernels = list(re.finditer(KERNEL_DEFINITION + r"(.*?)\n}\n", text, re.S))
-    assert len(kernels) == 8
+    assert len(kernels) == 9
     for match in kernels:
         name, body = match[1], match[2]
         called_body = re.search(r"(\w+_body)<", body)

@@ -22,6 +22,7 @@ A100 = Device("NVIDIA A100-SXM4-80GB", (8, 0), 108, "sm_80")
 H200 = Device("NVIDIA H200", (9, 0), 132, "sm_90a")  # the GPU of the shipped tables in configs/kernels/
 QWEN3 = dict(top_k=8, num_experts=128, hidden=2048, inter=768)
 SAMOYEDS, TWO_FOUR = Pattern.parse("samoyeds"), Pattern.parse("2:4")
+GENERAL = KernelConfig(one_token=False)  # one token through the general path (routing index, split-K, slot sum)
 
 
 @pytest.mark.parametrize(
@@ -60,7 +61,7 @@ DEEPSEEK_V3 = dict(top_k=8, num_experts=256, hidden=7168, inter=2048)
 @pytest.mark.parametrize(
     "shape, pattern, tokens, expected",
     [  # the winners of the H200 tile search (token_tile_heuristic), where the rule picks them
-        (QWEN3, SAMOYEDS, 1, 8),
+        (QWEN3, SAMOYEDS, 2, 8),
         (QWEN3, SAMOYEDS, 128, 16),  # 8 slots per expert
         (QWEN3, SAMOYEDS, 192, 16),
         (QWEN3, SAMOYEDS, 256, 64),  # 16 slots per expert: the ws kernel from here
@@ -86,7 +87,8 @@ def test_token_tiles_before_hopper_keep_the_32_token_tiles():
 def test_plans_of_the_qwen3_layer_on_an_h100():
     """The heuristics' plan end to end: decode takes split mma.sp blocks, prefill the warp-specialised kernel, 2:4
     with 128-token tiles; grids, threads and shared memory follow from the block shapes."""
-    decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100)
+    with override_config(GENERAL):
+        decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100)
     assert decode.token_tile == 8 and decode.chunks == 0
     assert decode.gate_up.block == BlockShape("mma", 4, 2) and decode.gate_up.splits == 4
     assert decode.gate_up.grid == (384 // 64, decode.num_tiles, 4) and decode.gate_up.threads == 128
@@ -135,7 +137,8 @@ def test_fp8_values_run_the_same_kernels_with_their_flag():
         one_warpgroup = plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.bfloat16, H100, fp8=True)
     assert one_warpgroup.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, false, 128, 64, true, 4, 2, true>"
     assert one_warpgroup.gate_up.shared_bytes == 3 * (64 * 256 + 128 * 64 + 128 * 16) + 1024
-    decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100, fp8=True)
+    with override_config(GENERAL):
+        decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100, fp8=True)
     assert decode.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, true, 128, 8, true, 4, 2, false>"
     assert not decode.gate_up.fp8_activations and decode.gate_up.quantize_kernel is None
 
@@ -181,9 +184,10 @@ def test_decode_blocks_fill_whole_waves(tokens, gate_up, down):
     """With the kernels' occupancy, samoyeds decode tiles with FP8 values on Hopper take the block shape whose grid
     wastes least on a partial last wave; without it, the first compiled shape."""
     shape = LayerShape(tokens, **QWEN3)
-    plan = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy)
+    with override_config(GENERAL):
+        plan = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, True, _h100_occupancy)
+        blind = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, True)
     assert (plan.gate_up.block, plan.down.block) == (gate_up, down)
-    blind = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, True)
     assert (blind.gate_up.block, blind.down.block) == (BlockShape("mma", 4, 2), BlockShape("mma", 4, 1))
 
 
@@ -235,7 +239,8 @@ def test_gemm1_maps_itself_for_a_few_tokens_in_the_narrowest_mma_tile(device):
     GEMM 1."""
     cases = [(1, QWEN3, True), (4, QWEN3, True), (5, QWEN3, False), (8, MIXTRAL, True), (9, MIXTRAL, False)]
     for tokens, shape, expected in cases:  # Qwen3 is top-8: 5 tokens make 40 slots
-        plan = plan_moe(LayerShape(tokens, **shape), SAMOYEDS, torch.bfloat16, device)
+        with override_config(GENERAL):
+            plan = plan_moe(LayerShape(tokens, **shape), SAMOYEDS, torch.bfloat16, device)
         assert plan.few_token_map == expected, (tokens, shape)
         assert not expected or (plan.token_tile == 8 and plan.gate_up.block.kind == "mma")
     with override_config(KernelConfig(16)):  # another tile at one token (a tuned table could pick one)
@@ -345,7 +350,7 @@ def test_the_shipped_deepseek_v3_table_takes_64_token_tiles_where_measured(monke
     def tile(tokens: int, fp8: bool = True, device: Device = H200) -> int:
         return plan_moe(LayerShape(tokens, **DEEPSEEK_V3), SAMOYEDS, torch.bfloat16, device, fp8).token_tile
 
-    assert [tile(t) for t in (1, 64, 128, 192, 256, 384, 512, 1024)] == [8, 8, 8, 64, 64, 64, 64, 64]
+    assert [tile(t) for t in (2, 64, 128, 192, 256, 384, 512, 1024)] == [8, 8, 8, 64, 64, 64, 64, 64]
     assert tile(256, fp8=False) == tile(256, device=H100) == 16  # bf16 values, another GPU: the heuristics
     kernel_plan._read_table.cache_clear()
 
@@ -403,7 +408,8 @@ def test_workspace_holds_each_scratch_buffer_aligned_and_apart(tokens, pattern, 
     from samoyeds_vllm.kernels.launch import WORKSPACE_ALIGN, workspace_layout
 
     shape = LayerShape(tokens, **QWEN3)
-    plan = plan_moe(shape, pattern, torch.bfloat16, H100, fp8)
+    with override_config(GENERAL):
+        plan = plan_moe(shape, pattern, torch.bfloat16, H100, fp8)
     space = workspace_layout(plan, shape, torch.bfloat16)
     slots, hidden, inter = shape.slots, shape.hidden, shape.inter
     z1, z2 = plan.gate_up.splits, plan.down.splits
@@ -441,7 +447,8 @@ def test_forward_params_point_where_the_workspace_holds_each_buffer(tokens):
     from samoyeds_vllm.kernels.launch import moe_params, workspace_layout
 
     shape = LayerShape(tokens, **QWEN3)
-    plan = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, True)
+    with override_config(GENERAL):
+        plan = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, True)
     space = workspace_layout(plan, shape, torch.bfloat16)
     workspace = torch.empty(space.nbytes, dtype=torch.uint8)
     x, out = torch.empty(tokens, shape.hidden, dtype=torch.bfloat16), torch.empty(tokens, shape.hidden)
@@ -490,5 +497,48 @@ def test_elementwise_grids_are_one_wave_of_the_blocks_that_fit():
     mixtral = LayerShape(16384, **MIXTRAL)  # far past one wave
     for occupancy, per_sm in ((None, 8), (_h100_occupancy, 8), (six_sum_blocks, 6)):
         assert plan_moe(mixtral, SAMOYEDS, torch.bfloat16, H100, True, occupancy).sum_grid == (per_sm * SMS, 1, 1)
-    decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100, True, six_sum_blocks)
+    with override_config(GENERAL):
+        decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100, True, six_sum_blocks)
     assert decode.sum_grid == (2048 // 256, 1, 1)  # fewer elements than one wave: one thread each
+
+
+def test_one_token_takes_the_two_one_token_kernels():
+    """csrc/one_token.cuh: at one token GEMM 1's blocks are (16-row slab, slot) of 4 warps, GEMM 2's 16-row slabs of
+    8 warps, each warp with its own ring of stages; no routing index, split-K SiLU or slot sum."""
+    from samoyeds_vllm.kernels.geometry import ONE_TOKEN_STAGES, one_token_stage_bytes
+    from samoyeds_vllm.kernels.launch import workspace_layout
+
+    shape = LayerShape(1, **QWEN3)
+    plan = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, fp8=True)
+    assert plan.one_token and not plan.few_token_map and plan.chunks == 0
+    assert plan.sum_kernel is None and plan.silu_kernel is None
+    gate_up, down = plan.gate_up, plan.down
+    assert gate_up.kernel == "samoyeds::moe_one_token<__nv_bfloat16, true, true, 128, true, 4>"
+    assert down.kernel == "samoyeds::moe_one_token<__nv_bfloat16, true, true, 128, false, 8>"
+    assert gate_up.grid == (384 // 16, 8, 1) and gate_up.threads == 128 and gate_up.splits == 1
+    assert down.grid == (1024 // 16, 1, 1) and down.threads == 256 and down.splits == 1
+    assert gate_up.shared_bytes == 4 * ONE_TOKEN_STAGES * one_token_stage_bytes(2, 1)
+    assert down.shared_bytes == 8 * ONE_TOKEN_STAGES * one_token_stage_bytes(1, 1)
+    two_four = plan_moe(shape, TWO_FOUR, torch.float16, A100)  # bf16 / fp16 values, any sparse tensor cores
+    assert two_four.one_token and two_four.gate_up.grid == (768 // 16, 8, 1) and two_four.down.grid == (128, 1, 1)
+    assert two_four.down.shared_bytes == 8 * ONE_TOKEN_STAGES * one_token_stage_bytes(1, 2)
+    space = workspace_layout(plan, shape, torch.bfloat16)
+    assert space.act is not None and space.gate_up_partial is None and space.x_fp8 is None
+    names = compiled_kernels(torch.bfloat16, SAMOYEDS, "sm_90a", True)
+    assert gate_up.kernel in names and down.kernel in names
+
+
+def test_one_token_only_where_its_kernels_run_and_the_config_allows():
+    top10 = LayerShape(1, top_k=10, num_experts=64, hidden=2048, inter=768)  # more slots than GEMM 2's warps
+    assert kernel_plan.one_token_refusal(top10) and not plan_moe(top10, SAMOYEDS, torch.bfloat16, H100).one_token
+    assert not plan_moe(LayerShape(2, **QWEN3), SAMOYEDS, torch.bfloat16, H100).one_token
+    assert plan_moe(LayerShape(1, **MIXTRAL), SAMOYEDS, torch.bfloat16, H100).one_token  # top-2: 4 warps a slot
+    for config in (GENERAL, KernelConfig(16), KernelConfig(gate_up=GemmConfig(splits=2))):
+        with override_config(config):  # a choice of the general path takes it
+            assert not plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100).one_token
+    with override_config(KernelConfig(16, one_token=True)):
+        assert plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100).one_token
+    for shape in (LayerShape(2, **QWEN3), top10):
+        with override_config(KernelConfig(one_token=True)), pytest.raises(SamoyedsError, match="one_token, but"):
+            plan_moe(shape, SAMOYEDS, torch.bfloat16, H100)
+    assert KernelConfig.from_json({"one_token": False}) == GENERAL and GENERAL.to_json() == {"one_token": False}

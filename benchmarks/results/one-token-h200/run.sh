@@ -1,0 +1,5 @@
+# One H200 (143771 MiB, driver 580.159.04), 2026-11-27, vLLM 0.26.0, torch 2.11.0+cu130; after the unpack calls.
+# Trees: old = main at 2961f80, new = the one-token kernels (branch next/one-token at 7053651), each
+# `git archive REV samoyeds_vllm csrc configs` with csrc/ and configs/ moved into samoyeds_vllm/:
+python3 benchmarks/ab_moe.py --tree old=/tmp/old --tree new=/tmp/one \
+  --run qwen3-30b-a3b:1,2 --run mixtral-8x7b:1 --values fp8 --rounds 2 --out /tmp/ab   # summary.txt, ab.log
