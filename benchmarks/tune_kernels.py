@@ -27,7 +27,14 @@ from samoyeds_vllm import kernels
 from samoyeds_vllm.bench.timing import time_cuda_graph
 from samoyeds_vllm.format import FP8, Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape
-from samoyeds_vllm.kernels.plan import block_shapes, device_of, fp8_activations_allowed, table_name, token_tiles
+from samoyeds_vllm.kernels.plan import (
+    block_shapes,
+    device_of,
+    fp8_activations_allowed,
+    one_token_refusal,
+    table_name,
+    token_tiles,
+)
 from samoyeds_vllm.tools.moe_problem import error_against_plan, make_problem, reference, relative_error, run_sparse
 from samoyeds_vllm.tools.presets import preset_shape
 
@@ -90,9 +97,9 @@ def main() -> None:
     ):
         shape, pattern = preset_shape(shape_name), Pattern.parse(pattern_name)
         layer = LayerShape(tokens, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate)
+        one_token = one_token_refusal(layer) is None  # the one-token kernels can run (whatever a table's entry says)
         plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device, fp8)
-        one_token = plan.one_token
-        if one_token:  # the general path's choices are the ones to vary
+        if plan.one_token:  # the general path's choices are the ones to vary
             with kernels.override_config(KernelConfig(one_token=False)):
                 plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device, fp8)
         problem = make_problem(shape, pattern, tokens, seed=tokens, values=FP8 if fp8 else None)

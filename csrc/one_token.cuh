@@ -29,8 +29,8 @@ namespace samoyeds {
 
 // One stage of a warp's ring: MT m16 tiles of weight rows (64 values each: T, or FP8 bytes in fp8_fragment's order),
 // their metadata, the token's BK inputs, and the rows' selections of the stage's segments (samoyeds; room for the
-// most, BK / 32, whatever the pattern: at most 96 bytes unused, and one size for the host to mirror:
-// kernels/geometry.py, one_token_stage_bytes).
+// most, BK / 32, whatever the pattern, so the host mirrors one size: kernels/geometry.py, one_token_stage_bytes; at
+// most 96 bytes unused for samoyeds, all of them for 2:4).
 template <int MT, int VALUE_BYTES>
 struct OneTokenStage {
   ATile<MT * SLAB_ROWS * VALUE_BYTES / 2> a;

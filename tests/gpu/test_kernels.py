@@ -42,8 +42,8 @@ def one_preset_per_expert_shape() -> list[str]:
 
 SHAPES = one_preset_per_expert_shape()
 PATTERNS = {"samoyeds": Pattern.parse("samoyeds"), "2:4": Pattern.parse("2:4")}
-# Shapes of the FP8-value tests: making DeepSeek-V3's problem (256 experts) with FP8 values ran out of memory on an
-# H200 (141 GB), in packing
+# Shapes of the FP8-value tests: packing DeepSeek-V3's 2:4 problem (256 experts) with FP8 values, after the tests
+# before it in one process, ran out of an H200's memory (141 GB)
 FP8_SHAPES = ["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"]
 
 
@@ -78,13 +78,13 @@ def test_largest_token_count(shape, values):
     check(preset_shape(shape), PATTERNS["samoyeds"], 16384, seed=5, values=values)
 
 
-@pytest.mark.parametrize("tokens", [100, 1024])  # narrow token tiles (mma.sp), wide ones (wgmma on Hopper)
+@pytest.mark.parametrize("tokens", [1, 100, 1024])  # one token, narrow token tiles (mma.sp), wide (wgmma on Hopper)
 @pytest.mark.parametrize("segment", [32, 64])
 def test_other_segments_and_fp16(segment, tokens):
     check(preset_shape("olmoe-1b-7b"), Pattern.parse("samoyeds", segment), tokens, dtype=torch.float16, seed=2)
 
 
-@pytest.mark.parametrize("tokens", [100, 1024])  # narrow tiles; 128-token tiles (warp-specialised kernel, Hopper)
+@pytest.mark.parametrize("tokens", [1, 100, 1024])  # one token; narrow tiles; 128-token tiles (ws kernel, Hopper)
 def test_2of4_fp16(tokens):
     check(preset_shape("olmoe-1b-7b"), PATTERNS["2:4"], tokens, dtype=torch.float16, seed=4)
 
@@ -266,7 +266,7 @@ def test_fp8_values(shape, tokens, pattern):
     check(preset_shape(shape), PATTERNS[pattern], tokens, seed=tokens, values=FP8)
 
 
-@pytest.mark.parametrize("tokens", [100, 1024])
+@pytest.mark.parametrize("tokens", [1, 100, 1024])
 @pytest.mark.parametrize("segment", [32, 64])
 def test_fp8_values_other_segments_and_fp16(segment, tokens):
     check(
