@@ -10,7 +10,10 @@ torch profiler. The GPU time of each trace is split among its kernels (where ker
 do, each instant goes to the earliest-started one: kernel_times), summed by category (kernel-name patterns below)
 and divided by the steps (the one short prefill is included); the wall time per step is measured around generate,
 and the GPU idle time is what of it no kernel covers (host work between kernels and steps). Writes
-DIR/profile-decode.json and prints a table. On a CPU there are no GPU kernels: only wall times.
+DIR/profile-decode.json and DIR/profile-decode.png (a bar per variant and batch, split so) and prints a table. On a
+CPU there are no GPU kernels: only wall times.
+
+    python benchmarks/profile_decode.py --out DIR --replot     # the table and plot again from DIR's JSON
 """
 
 from __future__ import annotations
@@ -204,6 +207,46 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(record: dict, path: Path) -> None:
+    """A panel per batch size, a bar per variant: its ms per decode step split into the kernel categories and the
+    GPU's idle time (nothing without matplotlib, or without GPU kernels in the traces)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    results = record["results"]
+    batches = sorted({int(b) for per_batch in results.values() for b in per_batch})
+    if not any(r["kernel_ms_per_step"] for per_batch in results.values() for r in per_batch.values()):
+        return
+    parts = {"moe": "MoE", "attention": "attention", "gemm": "other GEMMs", "other": "rest", "idle": "GPU idle"}
+    fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 0.6 * len(results) + 1.6), squeeze=False)
+    for ax, batch in zip(axes[0], batches, strict=True):
+        names = [n for n in results if str(batch) in results[n]]  # batches are JSON keys: strings
+        rows = [results[n][str(batch)] for n in names]
+        left = [0.0] * len(rows)
+        for part, label in parts.items():
+            widths = [
+                r["wall_ms_per_step"] - r["gpu_busy_ms_per_step"]
+                if part == "idle"
+                else r["kernel_ms_per_step"].get(part, 0.0)
+                for r in rows
+            ]
+            ax.barh(names, widths, left=left, label=label)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+        ax.invert_yaxis()
+        ax.set_xlabel("ms per decode step")
+        ax.set_title(f"batch {batch}")
+    axes[0][-1].legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"{record['preset']}: a decode step's GPU time by kind ({record['date']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="qwen3-30b-a3b")
@@ -214,9 +257,15 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--replot", action="store_true", help="only the table and plot of OUT/profile-decode.json")
     parser.add_argument("--worker", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = Path(args.out)
+    if args.replot:
+        record = json.loads((out / "profile-decode.json").read_text())
+        print(table(record["results"]))
+        plot(record, out / "profile-decode.png")
+        return
     out.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.batch.split(",")]
     engine_args = {"max_model_len": args.max_model_len, "enforce_eager": args.enforce_eager}
@@ -251,6 +300,7 @@ def main() -> None:
     }
     (out / "profile-decode.json").write_text(json.dumps(record, indent=2) + "\n")
     print(table(results))
+    plot(record, out / "profile-decode.png")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,17 @@ def test_busy_time_counts_overlapping_kernels_once():
     assert profile_decode.largest_gaps(kernels) == [{"us": 15.0, "after": "b", "before": "c"}]
 
 
+def test_plot_has_a_panel_per_batch_and_a_bar_per_variant(tmp_path):
+    pytest.importorskip("matplotlib")
+    step = {"wall_ms_per_step": 5.0, "gpu_busy_ms_per_step": 4.0, "kernel_ms_per_step": {"moe": 2.0, "gemm": 2.0}}
+    record = {"preset": "p", "date": "d", "results": {v: {"1": step, "16": step} for v in ("dense", "samoyeds")}}
+    profile_decode.plot(record, tmp_path / "profile-decode.png")
+    assert (tmp_path / "profile-decode.png").stat().st_size > 0
+    record["results"] = {"dense": {"1": {**step, "kernel_ms_per_step": {}}}}  # a CPU run: no kernels, no plot
+    profile_decode.plot(record, tmp_path / "cpu.png")
+    assert not (tmp_path / "cpu.png").exists()
+
+
 @pytest.mark.vllm
 def test_profile_decode_runs_on_cpu(tmp_path):
     """The whole script through vLLM's profiler on a tiny model (CPU: wall times only, no GPU kernels)."""

@@ -3,3 +3,4 @@
 python3 benchmarks/profile_decode.py --preset qwen3-30b-a3b --batch 1,16 --out /tmp/prof \
   --variants dense,dense-fp8,samoyeds,samoyeds-fp8
 # (the call's .ab/prof.sh; logs.tgz holds each variant's log)
+python3 benchmarks/profile_decode.py --out benchmarks/results/decode-profile-h200 --replot   # profile-decode.png (CPU, later)
