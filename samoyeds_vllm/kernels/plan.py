@@ -425,9 +425,8 @@ def _plan(
     rows13, rows2 = shape.packed_rows(pattern)
     slots = shape.slots
     # one_token true means where the one-token kernels run: a table's entry also applies to nearby token counts
-    if (config.one_token or (config.one_token is None and not config.general_path)) and one_token_refusal(
-        shape
-    ) is None:
+    wants_one_token = config.one_token if config.one_token is not None else not config.general_path
+    if wants_one_token and one_token_refusal(shape) is None:
         return _one_token_plan(shape, pattern, dtype, fp8)
     if config.token_tile is not None:
         if config.token_tile not in token_tiles(samoyeds, hopper):
@@ -564,8 +563,8 @@ def one_token_refusal(shape: LayerShape) -> str | None:
     """Why the one-token kernels cannot run this forward (None: they can)."""
     if shape.tokens != 1:
         return f"{shape.tokens} tokens (the one-token kernels run one)"
-    if shape.top_k > ONE_TOKEN_WARPS[False]:
-        warps = ONE_TOKEN_WARPS[False]
+    warps = ONE_TOKEN_WARPS[False]
+    if shape.top_k > warps:
         return f"top-{shape.top_k} routing (a down-projection block's {warps} warps take a slot each)"
     return None
 
