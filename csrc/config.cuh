@@ -28,6 +28,7 @@ static_assert(ROUTE_CHUNK == ROUTE_THREADS * ROUTE_ILP, "one chunk is one pass o
 constexpr int FEW_TOKENS = 8;      // batches GEMM 1 maps itself (few_tokens.cuh): the narrowest token tile
 constexpr int FEW_TOKEN_SLOTS = 32;  // ... and at most these slots (one lane each: few_tokens.cuh)
 constexpr int ONE_TOKEN_STAGES = 4;  // depth of each warp's ring in the layer of one token (one_token.cuh)
+constexpr int MAX_ROUTED_LOGITS = 256;  // experts whose top-k the one-token kernels take from the logits
 
 // The slot sum (reduce.cuh): elements per thread for large batches (16 bytes of bf16 / fp16).
 constexpr int SUM_VEC = 8;

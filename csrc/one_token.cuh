@@ -11,7 +11,7 @@
 //   GEMM 2: block (slab of SLAB_ROWS condensed output rows); warp w takes slot w / Q and share w % Q of its k tiles
 //     (Q = WARPS / top_k; the plan keeps top_k <= WARPS), weighted by the slot's routing weight; the block's sum is
 //     the token's output: no per-slot rows, no slot sum.
-// The experts come from topk_ids directly (a slot is its own tile). Each warp runs its own cp.async ring over its k
+// The experts come from topk_ids directly (a slot is its own tile), or from the router's logits (routed_slot). Each warp runs its own cp.async ring over its k
 // tiles, with no block barrier in the k loop. The token is column 0 of the mma.sp B operand: lanes 0-3 (g = 0) hold
 // it, built from the stage's inputs in shared memory, and the other lanes zeros; so the MMAs of a stage are those of
 // one 8-token tile, and the tensor cores' work is nothing next to the weights' bytes.
@@ -39,8 +39,86 @@ struct OneTokenStage {
   uint8_t sel[BK / 32 * MT * SLAB_ROWS];     // SelTile's layout: byte j * MT * SLAB_ROWS + r is segment j of row r
 };
 
+// A bf16 / fp16 value's bits as a key that orders as the values do (sign-magnitude: negatives flipped).
+template <typename T>
+__device__ __forceinline__ unsigned order_key(T v) {
+  const unsigned bits = *reinterpret_cast<const unsigned short*>(&v);
+  return bits & 0x8000u ? ~bits & 0xFFFFu : bits | 0x8000u;
+}
+template <typename T>
+__device__ __forceinline__ float key_value(unsigned key) {  // order_key's inverse, as a float
+  const unsigned short bits = (unsigned short)(key & 0x8000u ? key & 0x7FFFu : ~key & 0xFFFFu);
+  return (float)*reinterpret_cast<const T*>(&bits);
+}
+
+// Slot `slot` of the token: its expert (-1: no such slot, or an expert of another rank) and, WITH_WEIGHT, its routing
+// weight. From topk_ids / topk_weights, or with router_logits as vLLM's topk_softmax makes them: softmax in fp32
+// over the experts, the top_k largest (ties to the lower expert id), their probabilities, divided by their sum on
+// request. Each lane holds up to MAX_ROUTED_LOGITS / 32 logits as keys (the logit's order_key above, 0xFFFF -
+// expert below), so one __reduce_max_sync finds each winner in order, the lower id first among equal logits (a
+// larger logit is a larger probability: distinct bf16 / fp16 logits stay distinct through the fp32 exp); the top-k
+// costs top_k warp reductions instead of a kernel of its own. GEMM 1 needs no weight (its output is the expert's,
+// unweighted) and it waits for the routing before its first weight load, so it stops at its own slot and skips the
+// softmax; GEMM 2 routes before its wait, while GEMM 1 runs. Warp-collective: every lane gets the slot's answer.
+template <typename T, bool WITH_WEIGHT>
+__device__ __forceinline__ void routed_slot(const MoEParams& p, int slot, int& expert, float& weight) {
+  weight = 1.0f;
+  if (p.router_logits == nullptr) {
+    const long long raw = slot < p.top_k ? __ldcg(p.topk_ids + slot) : -1;
+    expert = raw >= 0 && raw < p.num_experts ? (int)raw : -1;
+    if (WITH_WEIGHT) weight = expert < 0 ? 0.0f : __ldcg(p.topk_weights + slot);
+    return;
+  }
+  constexpr int PER_LANE = MAX_ROUTED_LOGITS / 32;
+  const T* logits = static_cast<const T*>(p.router_logits);  // one token: [num_experts]
+  const int lane = threadIdx.x & 31;
+  unsigned key[PER_LANE];
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) {
+    const int e = lane + 32 * i;
+    key[i] = e < p.num_experts ? order_key(__ldcg(logits + e)) << 16 | (0xFFFFu - e) : 0u;
+  }
+  auto best_of_lane = [&](unsigned taken) {
+    unsigned best = 0;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) best = !(taken >> i & 1u) && key[i] > best ? key[i] : best;
+    return best;
+  };
+  expert = -1;
+  unsigned taken = 0;     // bit i: key[i] already chosen
+  float largest = 0.0f;   // the largest logit (the first winner): the softmax's shift
+  float chosen = 0.0f;    // the top-k's exp(logit - largest), summed
+  float own = 0.0f;       // the slot's
+  const int rounds = WITH_WEIGHT ? p.top_k : min(slot + 1, p.top_k);
+#pragma unroll 1
+  for (int r = 0; r < rounds; ++r) {
+    const unsigned winner = __reduce_max_sync(0xffffffffu, best_of_lane(taken));
+    const int e = 0xFFFF - (int)(winner & 0xFFFFu);
+    if (e % 32 == lane) taken |= 1u << (e / 32);
+    if (r == slot) expert = e;
+    if (WITH_WEIGHT) {
+      if (r == 0) largest = key_value<T>(winner >> 16);
+      const float x = expf(key_value<T>(winner >> 16) - largest);
+      chosen += x;
+      if (r == slot) own = x;
+    }
+  }
+  if (!WITH_WEIGHT) return;
+  if (p.renormalize) {
+    weight = own / chosen;  // the softmax's denominator cancels
+    return;
+  }
+  float exps = 0.0f;  // the softmax's denominator
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i)
+    if (key[i] != 0u) exps += expf(key_value<T>(key[i] >> 16) - largest);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) exps += __shfl_xor_sync(0xffffffffu, exps, offset);
+  weight = own / exps;  // 0 for a slot past top_k
+}
+
 template <typename T, bool FP8, bool SAMOYEDS, int V, bool GATE_UP, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32) moe_one_token(const __grid_constant__ MoEParams p) {
+__global__ void __launch_bounds__(WARPS * 32, 1) moe_one_token(const __grid_constant__ MoEParams p) {
   static_assert(BK % V == 0 && V % 32 == 0, "a segment is whole k-steps of one stage");
   constexpr int MT = GATE_UP ? 2 : 1;      // gate and up tiles of the same rows, or the output rows
   constexpr int ROWS = MT * SLAB_ROWS;     // weight rows of a warp's stage
@@ -63,14 +141,15 @@ __global__ void __launch_bounds__(WARPS * 32) moe_one_token(const __grid_constan
   const int share = GATE_UP ? warp : warp % shares;
   const int kt0 = k_tiles * share / shares;
   int k_count = k_tiles * (share + 1) / shares - kt0;
-  // GEMM 1 is the forward's first kernel: the routing comes from the kernel before it. GEMM 2 reads it before its
-  // wait (written two launches back: ptx.cuh) and streams its first stages of weights meanwhile.
+  // GEMM 1 is the forward's first kernel: the routing (or the router's logits) comes from the kernel before it.
+  // GEMM 2 reads it before its wait (written two launches back: ptx.cuh) and streams its first stages of weights
+  // meanwhile.
   if constexpr (GATE_UP) grid_dependency_wait();
-  const long long raw = slot < p.top_k ? __ldcg(p.topk_ids + slot) : -1;
-  const int expert = raw >= 0 && raw < p.num_experts ? (int)raw : -1;  // -1: another rank's expert, or no slot
+  int expert;
+  float weight;
+  routed_slot<T, !GATE_UP>(p, slot, expert, weight);
   if (GATE_UP && expert < 0) return;  // the whole block's slot: act[slot] is not read (GEMM 2 skips the slot too)
   if (expert < 0) k_count = 0;
-  const float weight = GATE_UP || expert < 0 ? 1.0f : __ldcg(p.topk_weights + slot);
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   StageT* ring = reinterpret_cast<StageT*>(smem_raw) + warp * ONE_TOKEN_STAGES;

@@ -21,6 +21,10 @@ struct MoEParams {
   // The batch and its routing
   const long long* topk_ids;     // [slots] expert of each slot; ids outside [0, num_experts) live on another rank
   const float* topk_weights;     // [slots] fp32 routing weight of each slot
+  const void* router_logits;     // [tokens, num_experts] of the activations' type, or null; given, the one-token
+                                 // kernels take the softmax top-k themselves (one_token.cuh: topk_ids and
+                                 // topk_weights unused)
+  int renormalize;               // with router_logits: the top-k weights divided by their sum
   int tokens;
   int top_k;
   int slots;                     // tokens * top_k

@@ -6,9 +6,10 @@ count), one draw of router logits ~ N(0, 1) in the activations' dtype, and for e
 - its choice on the first T logits, checked against vLLM's plain-torch path of the same routing (plugin/routing.py
   on CPU, which the unit tests hold to transformers' DeepSeek-V3 router): tokens may differ only where the
   reference's choice was within the logits' precision of a tie;
-- µs of the layer as the plugin's method runs it (`route` through vLLM's router or its fused top-k softmax, then
-  our experts op), of the routing alone and of the experts alone on the routing's choice, each captured in CUDA
-  graphs and replayed (bench/timing.py, as `bench moe` times);
+- µs of the layer as the plugin's method runs it (`route` through vLLM's router, then our experts op; vLLM's
+  softmax top-k inside the op, which at one token the kernels take from the logits), of the routing alone and of
+  the experts alone on the routing's choice, each captured in CUDA graphs and replayed (bench/timing.py, as `bench
+  moe` times);
 - how many distinct experts it picked, since the experts' time follows that count and different routings pick
   different experts from the same logits.
 
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SamoyedsError
-from ..plugin.ops import moe_experts
+from ..plugin.ops import moe_experts, moe_experts_softmax_topk
 from ..plugin.routing import Routing, route
 from ..tools.architectures import architecture_of, moe_shape
 from ..tools.moe_problem import MoEProblem, make_problem
@@ -150,7 +151,11 @@ def check_routing(logits: torch.Tensor, routing: Routing, weights: torch.Tensor,
 
 
 def routed_layer(p: MoEProblem, logits: torch.Tensor, routing: Routing) -> torch.Tensor:
-    """What the plugin's method computes (SamoyedsMoEMethod.apply_monolithic, without expert parallelism)."""
+    """What the plugin's method computes (SamoyedsMoEMethod.apply_monolithic, without expert parallelism): vLLM's
+    softmax top-k inside the op (at one token the kernels take it from the logits), other routings first."""
+    if routing.plain_softmax:
+        args = (p.x, logits, routing.top_k, routing.renormalize, p.packed13, p.packed2, p.pattern)
+        return moe_experts_softmax_topk(*args)
     weights, ids = route(logits, routing, p.x)
     return moe_experts(p.x, weights, ids, p.packed13, p.packed2, p.pattern)
 

@@ -10,7 +10,7 @@ It imports the format layer only (never the plugin, the tools or the benchmarks)
 when a kernel is first built.
 """
 
-from .launch import moe_experts
+from .launch import moe_experts, moe_experts_from_logits, routes_logits
 from .plan import GemmConfig, KernelConfig, LayerShape, MoEPlan, device_of, override_config, plan_moe
 from .weights import check_weights, checkpoint_layout, prepare_weights, supports
 
@@ -23,8 +23,10 @@ __all__ = [
     "checkpoint_layout",
     "device_of",
     "moe_experts",
+    "moe_experts_from_logits",
     "override_config",
     "plan_moe",
     "prepare_weights",
+    "routes_logits",
     "supports",
 ]

@@ -41,6 +41,7 @@ ELEMENTWISE_THREADS = CONSTANTS["ELEMENTWISE_THREADS"]
 FEW_TOKENS = CONSTANTS["FEW_TOKENS"]  # batches whose GEMM 1 may map itself (csrc/few_tokens.cuh) ...
 FEW_TOKEN_SLOTS = CONSTANTS["FEW_TOKEN_SLOTS"]  # ... with at most these slots
 ONE_TOKEN_STAGES = CONSTANTS["ONE_TOKEN_STAGES"]  # depth of each warp's ring in the layer of one token
+MAX_ROUTED_LOGITS = CONSTANTS["MAX_ROUTED_LOGITS"]  # experts whose top-k the one-token kernels take from logits
 
 #: The activation (and packed value) dtypes the kernels are compiled for, with their CUDA type names.
 CTYPES = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half"}

@@ -35,9 +35,9 @@ import torch
 from ..errors import SamoyedsError
 from ..format import PackedWeight, Pattern
 from . import build
-from .geometry import ELEMENTWISE_THREADS, MAX_EXPERTS, ROUTE_THREADS, template_name
+from .geometry import ELEMENTWISE_THREADS, MAX_EXPERTS, MAX_ROUTED_LOGITS, ROUTE_THREADS, template_name
 from .params import MoEParams, PackedExperts, ptr, to_kernel_arg
-from .plan import LayerShape, MoEPlan, device_of, plan_moe
+from .plan import KernelConfig, LayerShape, MoEPlan, device_of, one_token_refusal, override_config, plan_moe
 from .weights import check_weights, dense_shape
 
 WORKSPACE_ALIGN = 256  # bytes: every scratch buffer starts on a 256-byte boundary (16-byte vector loads and more)
@@ -132,6 +132,56 @@ def moe_experts(
     """sum_k topk_weights * expert(x) on the GPU: x [T, H] bf16 / fp16, routing [T, k] (ids of experts on other
     ranks outside [0, E)), packed weights in the kernels' layout (weights.prepare_weights): values of x's dtype, or
     FP8 values with their scales."""
+    ids = topk_ids.reshape(-1).to(torch.int64).contiguous()
+    weights = topk_weights.reshape(-1).float().contiguous()
+    return _forward_on_gpu(x, topk_ids.shape[1], w13, w2, pattern, ids, weights)
+
+
+def routes_logits(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, w13: PackedWeight) -> bool:
+    """Whether moe_experts_from_logits runs: one token (the one-token kernels take the top-k themselves), its
+    logits of x's dtype over at most MAX_ROUTED_LOGITS experts, all of them on this GPU (no expert parallelism)."""
+    num_experts = w13.values.shape[0]
+    return (
+        x.shape[0] == 1
+        and router_logits.shape == (1, num_experts)
+        and router_logits.dtype == x.dtype
+        and num_experts <= MAX_ROUTED_LOGITS
+        and one_token_refusal(LayerShape(1, top_k, num_experts, x.shape[1], dense_shape(w13)[0] // 2)) is None
+    )
+
+
+def moe_experts_from_logits(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    w13: PackedWeight,
+    w2: PackedWeight,
+    pattern: Pattern,
+) -> torch.Tensor:
+    """moe_experts with the routing of vLLM's softmax top-k (topk_softmax: softmax in fp32, the top_k largest, ties
+    to the lower expert id, renormalised on request) taken inside the one-token kernels from the router's logits,
+    where routes_logits says they can: a launch fewer than routing first."""
+    if not routes_logits(x, router_logits, top_k, w13):
+        raise SamoyedsError("moe_experts_from_logits: routes_logits refuses these inputs (route first)")
+    with override_config(KernelConfig(one_token=True)):
+        return _forward_on_gpu(
+            x, top_k, w13, w2, pattern, router_logits=router_logits.contiguous(), renormalize=renormalize
+        )
+
+
+def _forward_on_gpu(
+    x: torch.Tensor,
+    top_k: int,
+    w13: PackedWeight,
+    w2: PackedWeight,
+    pattern: Pattern,
+    ids: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+    router_logits: torch.Tensor | None = None,
+    renormalize: bool = False,
+) -> torch.Tensor:
+    """One forward, routed by flat int64 ids and fp32 weights, or by the router's logits (the one-token kernels)."""
     device = device_of(x.device)
     if device.capability < (8, 0):
         raise SamoyedsError(
@@ -142,7 +192,7 @@ def moe_experts(
     num_experts = w13.values.shape[0]
     if num_experts > MAX_EXPERTS:
         raise SamoyedsError(f"the routing index handles at most {MAX_EXPERTS} experts per layer, not {num_experts}")
-    shape = LayerShape(x.shape[0], topk_ids.shape[1], num_experts, x.shape[1], dense_shape(w2)[1])
+    shape = LayerShape(x.shape[0], top_k, num_experts, x.shape[1], dense_shape(w2)[1])
     fp8 = w13.scale is not None
     gpu = x.device.index
     import cupy
@@ -152,8 +202,6 @@ def moe_experts(
         forward = _forward(plan, shape, x.dtype, pattern, device.arch, fp8, gpu)
 
         x = x.contiguous()
-        ids = topk_ids.reshape(-1).to(torch.int64).contiguous()
-        weights = topk_weights.reshape(-1).float().contiguous()
         space = forward.workspace
         workspace = torch.empty(space.nbytes, dtype=torch.uint8, device=x.device)
         out = torch.empty(shape.tokens, shape.hidden, dtype=x.dtype, device=x.device)
@@ -161,7 +209,9 @@ def moe_experts(
             act_bytes = shape.slots * shape.inter * x.element_size()
             workspace[space.act : space.act + act_bytes].view(x.dtype).fill_(float("nan"))
         base = workspace.data_ptr()
-        params = to_kernel_arg(moe_params(plan, shape, pattern, space, base, x, ids, weights, w13, w2, out))
+        params = to_kernel_arg(
+            moe_params(plan, shape, pattern, space, base, x, ids, weights, w13, w2, out, router_logits, renormalize)
+        )
         # cuLaunchKernel's kernelParams: the address of each argument (one: the struct, passed by value)
         arg_addresses = np.array([params.ctypes.data], dtype=np.uintp)
         # the raw handle of torch's current stream, as the code torch.compile generates reads it (torch.cuda's
@@ -179,14 +229,17 @@ def moe_params(
     space: Workspace,
     base: int,
     x: torch.Tensor,
-    ids: torch.Tensor,
-    weights: torch.Tensor,
+    ids: torch.Tensor | None,
+    weights: torch.Tensor | None,
     w13: PackedWeight,
     w2: PackedWeight,
     out: torch.Tensor,
+    router_logits: torch.Tensor | None = None,
+    renormalize: bool = False,
 ) -> MoEParams:
-    """The forward's MoEParams: the routing and weights' tensors, the scratch buffers at their offsets from the
-    workspace's address `base` (0 for those the plan does not need), the shapes and the plan's choices."""
+    """The forward's MoEParams: the routing (flat ids and weights, or the router's logits) and weights' tensors,
+    the scratch buffers at their offsets from the workspace's address `base` (0 for those the plan does not need),
+    the shapes and the plan's choices."""
 
     def at(offset: int | None) -> int:
         return 0 if offset is None else base + offset
@@ -200,6 +253,8 @@ def moe_params(
     return MoEParams(
         topk_ids=ptr(ids),
         topk_weights=ptr(weights),
+        router_logits=ptr(router_logits),
+        renormalize=int(renormalize),
         tokens=shape.tokens,
         top_k=shape.top_k,
         slots=shape.slots,

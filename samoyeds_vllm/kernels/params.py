@@ -39,6 +39,8 @@ class PackedExperts:
 class MoEParams:
     topk_ids: Ptr
     topk_weights: Ptr
+    router_logits: Ptr
+    renormalize: int
     tokens: int
     top_k: int
     slots: int

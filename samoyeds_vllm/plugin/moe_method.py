@@ -260,6 +260,13 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
     def apply_monolithic(
         self, layer: RoutedExperts, x: torch.Tensor, router_logits: torch.Tensor, input_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if self.routing.plain_softmax and layer.expert_map is None and not layer.apply_router_weight_on_input:
+            # vLLM's softmax top-k inside the op: at one token the kernels take it from the logits themselves
+            w13, w2 = self._packed(layer, "w13"), self._packed(layer, "w2")
+            routing = self.routing
+            return ops.moe_experts_softmax_topk(
+                x, router_logits, routing.top_k, routing.renormalize, w13, w2, self.pattern
+            )
         topk_weights, topk_ids = route(router_logits, self.routing, x)
         if layer.apply_router_weight_on_input:  # top-1 (checked at load): the experts read weight * x, unweighted
             x = x * topk_weights.to(x.dtype)

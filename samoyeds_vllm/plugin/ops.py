@@ -1,5 +1,6 @@
 """`samoyeds::moe_experts`: the routed experts as a torch custom op, so vLLM's torch.compile and CUDA graphs treat
-them as opaque.
+them as opaque; `samoyeds::moe_experts_softmax_topk` the same routed by vLLM's softmax top-k of the router's logits
+inside the op, where the one-token kernels take the top-k themselves (a launch fewer at batch-1 decode).
 
 The op is registered on a torch.library.Library directly (schema, one kernel per dispatch key, a fake), as vLLM
 registers its own ops: torch.library.custom_op's Python dispatch costs several times more per call (10 against
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..format import PackedWeight, Pattern, decompress
+from .routing import softmax_topk
 
 
 @functools.cache
@@ -40,6 +42,22 @@ def moe_experts(
     """The op on packed weights: x [T, H], routing [T, k] (ids of experts on other ranks are -1), w13 the gate rows
     then the up rows of every expert, w2 the down projections."""
     return torch.ops.samoyeds.moe_experts(x, topk_weights, topk_ids, *w13, *w2, pattern.name, pattern.segment)
+
+
+def moe_experts_softmax_topk(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    w13: PackedWeight,
+    w2: PackedWeight,
+    pattern: Pattern,
+) -> torch.Tensor:
+    """moe_experts routed by vLLM's softmax top-k (FusedTopKRouter's) of router_logits [T, E], every expert on this
+    GPU."""
+    return torch.ops.samoyeds.moe_experts_softmax_topk(
+        x, router_logits, top_k, renormalize, *w13, *w2, pattern.name, pattern.segment
+    )
 
 
 def _moe_experts_reference(
@@ -138,8 +156,84 @@ def _moe_experts_cuda(
     return _unpacked_reference(x, topk_weights, topk_ids, w13, w2, pattern_)
 
 
+def _moe_experts_softmax_topk_reference(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,  # [T, E]
+    top_k: int,
+    renormalize: bool,
+    w13_values: torch.Tensor,
+    w13_meta: torch.Tensor,
+    w13_rowsel: torch.Tensor | None,
+    w13_scale: torch.Tensor | None,
+    w2_values: torch.Tensor,
+    w2_meta: torch.Tensor,
+    w2_rowsel: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    pattern: str,
+    segment: int | None,
+) -> torch.Tensor:
+    weights, ids = softmax_topk(router_logits, top_k, renormalize)
+    packed = (w13_values, w13_meta, w13_rowsel, w13_scale, w2_values, w2_meta, w2_rowsel, w2_scale)
+    return _moe_experts_reference(x, weights, ids, *packed, pattern, segment)
+
+
+def _moe_experts_softmax_topk_fake(
+    x,
+    router_logits,
+    top_k,
+    renormalize,
+    w13_values,
+    w13_meta,
+    w13_rowsel,
+    w13_scale,
+    w2_values,
+    w2_meta,
+    w2_rowsel,
+    w2_scale,
+    pattern,
+    segment,
+):
+    return torch.empty_like(x)
+
+
+def _moe_experts_softmax_topk_cuda(
+    x,
+    router_logits,
+    top_k,
+    renormalize,
+    w13_values,
+    w13_meta,
+    w13_rowsel,
+    w13_scale,
+    w2_values,
+    w2_meta,
+    w2_rowsel,
+    w2_scale,
+    pattern,
+    segment,
+):
+    w13 = PackedWeight(w13_values, w13_meta, w13_rowsel, w13_scale)
+    w2 = PackedWeight(w2_values, w2_meta, w2_rowsel, w2_scale)
+    if (
+        kernels.supports(x.dtype, w13, w2)
+        and not os.environ.get("SAMOYEDS_FORCE_REFERENCE")
+        and kernels.routes_logits(x, router_logits, top_k, w13)
+    ):
+        return kernels.moe_experts_from_logits(
+            x, router_logits, top_k, renormalize, w13, w2, _pattern(pattern, segment)
+        )
+    weights, ids = softmax_topk(router_logits, top_k, renormalize)
+    return _moe_experts_cuda(x, weights, ids, *w13, *w2, pattern, segment)
+
+
 _LIBRARY = torch.library.Library("samoyeds", "FRAGMENT")  # the op lives as long as this object
 _LIBRARY.define("moe_experts" + torch.library.infer_schema(_moe_experts_reference, mutates_args=()))
 _LIBRARY.impl("moe_experts", _moe_experts_reference, "CompositeExplicitAutograd")  # CPU and any other device
 _LIBRARY.impl("moe_experts", _moe_experts_cuda, "CUDA")
 torch.library.register_fake("samoyeds::moe_experts", _moe_experts_fake, lib=_LIBRARY)
+_LIBRARY.define(
+    "moe_experts_softmax_topk" + torch.library.infer_schema(_moe_experts_softmax_topk_reference, mutates_args=())
+)
+_LIBRARY.impl("moe_experts_softmax_topk", _moe_experts_softmax_topk_reference, "CompositeExplicitAutograd")
+_LIBRARY.impl("moe_experts_softmax_topk", _moe_experts_softmax_topk_cuda, "CUDA")
+torch.library.register_fake("samoyeds::moe_experts_softmax_topk", _moe_experts_softmax_topk_fake, lib=_LIBRARY)

@@ -40,8 +40,12 @@ class Routing:
 
     @classmethod
     def of_layer(cls, layer) -> Routing:
-        """The fields are named as the layer's attributes and as create_fused_moe_router's arguments."""
-        return cls(**{f.name: getattr(layer, f.name) for f in fields(cls)})
+        """The fields are named as the layer's attributes and as create_fused_moe_router's arguments. Its router
+        and plain_softmax are computed here, at load: the method reads plain_softmax where torch.compile traces
+        (vLLM's CPU backend in compiled mode), and dynamo cannot take the lock of a cached_property's first read."""
+        routing = cls(**{f.name: getattr(layer, f.name) for f in fields(cls)})
+        _ = routing.plain_softmax
+        return routing
 
     @functools.cached_property
     def router(self):
@@ -150,6 +154,14 @@ def _fused_topk_softmax():
     except ImportError:
         return None
     return _custom_ops.topk_softmax if hasattr(torch.ops._moe_C, "topk_softmax") else None
+
+
+def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's softmax top-k (FusedTopKRouter): its fused CUDA kernel where there is one, else the same in tensor
+    ops."""
+    if router_logits.is_cuda and _fused_topk_softmax() is not None:
+        return _route_fused(router_logits, top_k, renormalize)
+    return _topk(router_logits, "softmax", None, top_k, renormalize, 1.0)
 
 
 def _route_fused(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -214,6 +214,49 @@ def test_one_token_kernels_and_the_general_path(shape, values, pattern):
     assert relative_error(outs["one token"], outs["general"]) < BF16_TOLERANCE
 
 
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("values", [None, FP8], ids=["values-bf16", "values-fp8"])
+@pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "mixtral-8x7b", "olmoe-1b-7b"])
+def test_one_token_routes_its_logits_as_vllm_does(shape, values, renormalize):
+    """At one token the kernels take vLLM's softmax top-k of the router's logits themselves
+    (kernels.moe_experts_from_logits): the output of routing with vLLM's topk_softmax kernel first, on random
+    logits, all-equal logits (the lowest ids) and a tie at the top-k's edge."""
+    from samoyeds_vllm.plugin.routing import softmax_topk
+
+    pattern = PATTERNS["samoyeds"]
+    moe = preset_shape(shape)
+    problem = make_problem(moe, pattern, 1, seed=9, values=values)
+    x, top_k = problem.x, moe.top_k
+    generator = torch.Generator(device=x.device).manual_seed(10)
+    for case in ("random", "equal", "edge tie"):
+        logits = torch.randn(1, moe.num_experts, generator=generator, device=x.device).to(x.dtype)
+        if case == "equal":
+            logits.fill_(0.5)
+        elif case == "edge tie":  # the k-th and (k+1)-th largest equal
+            order = logits[0].float().argsort(descending=True)
+            logits[0, order[top_k]] = logits[0, order[top_k - 1]]
+        assert kernels.routes_logits(x, logits, top_k, problem.packed13)
+        out = kernels.moe_experts_from_logits(x, logits, top_k, renormalize, problem.packed13, problem.packed2, pattern)
+        weights, ids = softmax_topk(logits, top_k, renormalize)
+        routed = kernels.moe_experts(x, weights, ids, problem.packed13, problem.packed2, pattern)
+        torch.cuda.synchronize()
+        assert relative_error(out, routed) < 1e-3, case
+    # in a CUDA graph (as vLLM runs it), replayed on new logits: GEMM 2 reads them before its wait (ptx.cuh)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = kernels.moe_experts_from_logits(
+            x, logits, top_k, renormalize, problem.packed13, problem.packed2, pattern
+        )
+    for _ in range(3):
+        logits.copy_(torch.randn(logits.shape, generator=generator, device=x.device))
+        graph.replay()
+        eager = kernels.moe_experts_from_logits(
+            x, logits, top_k, renormalize, problem.packed13, problem.packed2, pattern
+        )
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager)
+
+
 @pytest.mark.parametrize("values", [None, FP8], ids=["values-bf16", "values-fp8"])
 @pytest.mark.parametrize("tokens", [1, 16, 256])
 @pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "mixtral-8x7b"])

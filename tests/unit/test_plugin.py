@@ -348,6 +348,52 @@ def test_expert_op_fake_and_schema():
     torch.library.opcheck(torch.ops.samoyeds.moe_experts.default, args, test_utils=("test_schema", "test_faketensor"))
 
 
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_softmax_topk_op_routes_inside_as_vllm_routes(renormalize):
+    """moe_experts_softmax_topk (the method's op for vLLM's softmax top-k routers) is moe_experts after vLLM's
+    softmax top-k of the logits, at one token (where the one-token kernels route on the GPU) and at several;
+    schema and fake as torch.compile needs them."""
+    pattern = Pattern.parse("samoyeds")
+    gen = torch.Generator().manual_seed(11)
+    _, _, p13, p2 = make_experts(pattern, 8, 128, 128, torch.float32, gen)
+    for tokens in (1, 5):
+        x, logits = torch.randn(tokens, 128, generator=gen), torch.randn(tokens, 8, generator=gen)
+        logits[0, 3] = logits[0, 5] = logits[0].max() + 1  # a tie: the lower expert id first, as vLLM's kernel
+        out = ops.moe_experts_softmax_topk(x, logits, 2, renormalize, p13, p2, pattern)
+        weights, ids = route(logits, Routing(2, renormalize))
+        assert ids[0].tolist() == [3, 5]
+        assert torch.equal(out, ops.moe_experts(x, weights, ids, p13, p2, pattern))
+    args = (x, logits, 2, renormalize, *p13, *p2, pattern.name, pattern.segment)
+    torch.library.opcheck(
+        torch.ops.samoyeds.moe_experts_softmax_topk.default, args, test_utils=("test_schema", "test_faketensor")
+    )
+
+
+def test_softmax_topk_routers_route_inside_the_op(monkeypatch):
+    """The method hands vLLM's plain softmax top-k to the op with the logits (no expert map, output-side weights);
+    other routers, expert parallelism and input-side weights route first."""
+    pattern = Pattern.parse("2:4")
+    gen = torch.Generator().manual_seed(5)
+    _, _, p13, p2 = make_experts(pattern, 8, 64, 64, torch.float32, gen)
+    calls = []
+    monkeypatch.setattr(ops, "moe_experts_softmax_topk", lambda *a: calls.append("logits") or a[0])
+    monkeypatch.setattr(ops, "moe_experts", lambda *a: calls.append("routed") or a[0])
+    x, logits = torch.randn(1, 64, generator=gen), torch.randn(1, 8, generator=gen)
+    for layer_args, expected in [
+        ({"top_k": 2}, "logits"),
+        ({"top_k": 2, "scoring_func": "sigmoid"}, "routed"),
+        ({"top_k": 2, "expert_map": torch.arange(8)}, "routed"),
+    ]:
+        layer = fake_layer(**layer_args)
+        method = object.__new__(moe_method.SamoyedsMoEMethod)
+        method.pattern, method.routing = pattern, moe_method._check_supported(layer)
+        for name, packed in (("w13", p13), ("w2", p2)):
+            for part, tensor in packed._asdict().items():
+                setattr(layer, f"{name}_{SUFFIXES[part]}", tensor)
+        method.apply_monolithic(layer, x, logits)
+        assert calls.pop() == expected, layer_args
+
+
 # ------------------------------------------------------------------------- sparsify on load from FP8 blocks
 
 FP8_BLOCK_CONFIG = {
