@@ -113,21 +113,7 @@ def moe_reference(
     return out
 
 
-def _moe_experts_fake(
-    x,
-    topk_weights,
-    topk_ids,
-    w13_values,
-    w13_meta,
-    w13_rowsel,
-    w13_scale,
-    w2_values,
-    w2_meta,
-    w2_rowsel,
-    w2_scale,
-    pattern,
-    segment,
-):
+def _moe_experts_fake(x, *_):  # the schema's arguments; the output is x's shape and dtype
     return torch.empty_like(x)
 
 
@@ -177,43 +163,13 @@ def _moe_experts_softmax_topk_reference(
     return _moe_experts_reference(x, weights, ids, *packed, pattern, segment)
 
 
-def _moe_experts_softmax_topk_fake(
-    x,
-    router_logits,
-    top_k,
-    renormalize,
-    w13_values,
-    w13_meta,
-    w13_rowsel,
-    w13_scale,
-    w2_values,
-    w2_meta,
-    w2_rowsel,
-    w2_scale,
-    pattern,
-    segment,
-):
+def _moe_experts_softmax_topk_fake(x, *_):  # the schema's arguments; the output is x's shape and dtype
     return torch.empty_like(x)
 
 
-def _moe_experts_softmax_topk_cuda(
-    x,
-    router_logits,
-    top_k,
-    renormalize,
-    w13_values,
-    w13_meta,
-    w13_rowsel,
-    w13_scale,
-    w2_values,
-    w2_meta,
-    w2_rowsel,
-    w2_scale,
-    pattern,
-    segment,
-):
-    w13 = PackedWeight(w13_values, w13_meta, w13_rowsel, w13_scale)
-    w2 = PackedWeight(w2_values, w2_meta, w2_rowsel, w2_scale)
+def _moe_experts_softmax_topk_cuda(x, router_logits, top_k, renormalize, *packed_and_pattern):
+    *packed, pattern, segment = packed_and_pattern  # w13's four tensors, w2's four, the pattern's two fields
+    w13, w2 = PackedWeight(*packed[:4]), PackedWeight(*packed[4:])
     if (
         kernels.supports(x.dtype, w13, w2)
         and not os.environ.get("SAMOYEDS_FORCE_REFERENCE")

@@ -363,7 +363,9 @@ def test_softmax_topk_op_routes_inside_as_vllm_routes(renormalize):
         weights, ids = route(logits, Routing(2, renormalize))
         assert ids[0].tolist() == [3, 5]
         assert torch.equal(out, ops.moe_experts(x, weights, ids, p13, p2, pattern))
-    args = (x, logits, 2, renormalize, *p13, *p2, pattern.name, pattern.segment)
+        # the CUDA kernel's argument handling (CPU tensors: it routes first and falls back to the reference)
+        args = (x, logits, 2, renormalize, *p13, *p2, pattern.name, pattern.segment)
+        assert torch.equal(ops._moe_experts_softmax_topk_cuda(*args), out)
     torch.library.opcheck(
         torch.ops.samoyeds.moe_experts_softmax_topk.default, args, test_utils=("test_schema", "test_faketensor")
     )
