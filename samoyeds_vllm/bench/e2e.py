@@ -19,7 +19,8 @@ is back, so each sizes its KV cache on the same free memory):
   engine starts per mix where this needs one, and engine starts are most of the time of a run;
 - serving: `vllm serve` (API_SERVERS API server processes, prefix caching off: _SERVER_FLAGS) under `vllm bench
   serve` (random tokens, `--ignore-eos`) at each client concurrency C: first an untimed round of C x
-  prompts-per-client requests at concurrency C (the same prefill and decode batch shapes), then the timed run of
+  prompts-per-client requests at concurrency C (the same prefill and decode batch shapes; again while it compiled
+  a kernel, at most WARMUP_ROUNDS), then the timed run of
   as many (again if it compiled a kernel, as offline); output tokens/s, TTFT and TPOT (mean, median, p99), and
   the server's own mean TTFT, queue, prefill and decode time per request from its /metrics (server_split). Every
   call draws other random prompts (its own seed);
@@ -68,7 +69,7 @@ from ..tools.vllm_server import (
 # Results of an earlier harness are not resumed into this one's: 1 had no untimed runs; 2 served through one API
 # server process with prefix caching on and warmed each level up with C requests only.
 HARNESS = 3
-_RERUN_SEEDS = 1000  # serving seeds: 2C timed, 2C + 1 untimed, 2C + 1000 k the k-th rerun, 1e6 + C probes
+_RERUN_SEEDS = 1000  # serving seeds: 2C timed, 2C + 1 untimed, each + 1000 k for its k-th rerun, 1e6 + C probes
 PROBE_FACTORS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25)
 BATCH_SIZES = (1, 16, 64, 256, 1024)
 STAGES = ("offline", "serving", "capacity")
@@ -523,22 +524,8 @@ def run_variant(
         memory.update(parse_engine_log(log.read_text(errors="replace")))
         for c in todo:
             mix = (serving["input_len"], serving["output_len"])
-            requests = work.prompts_per_client * c
-            # Untimed, as many requests as the timed run: after the first round each client's next request arrives
-            # while the others decode, so most steps mix prefills into decodes, and those batch shapes must be
-            # compiled and captured before the timed run too.
-            untimed = _bench_serve(server, model, mix, c, requests, out, f"{model.name}-c{c}-warmup", seed=2 * c + 1)
-            timed = partial(_bench_serve, server, model, mix, c, requests, out, f"{model.name}-c{c}")
-            serving["levels"].append(
-                timed_until_steady(
-                    # a rerun with seeds of its own: other prompts than the runs before
-                    lambda run, timed=timed, c=c: server_split(
-                        server.url, partial(timed, seed=2 * c + _RERUN_SEEDS * run)
-                    ),
-                    untimed["output_tokens_per_s"],
-                    rerun_if_compiled=partial(without_jit, log=log, caches=jit_caches),
-                )
-            )
+            level = serve_level(server, model, mix, c, work.prompts_per_client * c, out, log, jit_caches)
+            serving["levels"].append(level)
             serving["levels"].sort(key=lambda lv: lv["concurrency"])
             save()
             progress.update()
@@ -548,6 +535,49 @@ def run_variant(
             progress.update()
     finally:
         server.stop()
+
+
+#: Untimed rounds of a served level at most, while each compiles a kernel. DeepGEMM (vLLM's dense FP8 linears; the
+#: dense engines skip its warm-up: the module docstring) JIT-compiles kernels as new token counts come: at 256
+#: clients three timed rounds after one untimed round each still compiled some (8 in all, docs/benchmarks.md,
+#: 2026-11-27), so no round of that level stood for the steady state.
+WARMUP_ROUNDS = 6
+
+
+def serve_level(
+    server: VllmServer,
+    model: Path,
+    mix: tuple[int, int],
+    concurrency: int,
+    requests: int,
+    out: Path,
+    log: Path,
+    jit_caches: list[Path],
+) -> dict:
+    """One served level's record: untimed rounds of `requests` requests at `concurrency` clients, again (other
+    prompts) while a round compiled a kernel, at most WARMUP_ROUNDS; then timed rounds (timed_until_steady).
+    Untimed, as many requests as the timed run: after the first round each client's next request arrives while the
+    others decode, so most steps mix prefills into decodes, and those batch shapes must be compiled and captured
+    before the timed run too. Seeds: 2C timed, 2C + 1 untimed, each + _RERUN_SEEDS k for its k-th rerun."""
+    c, name = concurrency, model.name
+    serve = partial(_bench_serve, server, model, mix, c, requests, out)
+    untimed, warmup = without_jit(
+        lambda run: serve(f"{name}-c{c}-warmup" + (f"-{run}" if run else ""), seed=2 * c + 1 + _RERUN_SEEDS * run),
+        log,
+        attempts=WARMUP_ROUNDS,
+        caches=jit_caches,
+    )
+    level = timed_until_steady(
+        # a rerun with seeds of its own: other prompts than the runs before
+        lambda run: server_split(server.url, partial(serve, f"{name}-c{c}", seed=2 * c + _RERUN_SEEDS * run)),
+        untimed["output_tokens_per_s"],
+        rerun_if_compiled=partial(without_jit, log=log, caches=jit_caches),
+    )
+    return level | {
+        "warmup_runs": warmup["timed_runs"],
+        "warmup_jit_compiles": warmup["jit_compiles"],
+        "warmup_jit_free": warmup["jit_free"],
+    }
 
 
 STEADY_TOLERANCE = 0.10  # a served round within this of the round before it stands for its level

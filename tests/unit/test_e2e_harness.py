@@ -1,6 +1,7 @@
 """`bench e2e` without engines: the variant table, what each variant's processes get, and the comparison."""
 
 import json
+import types
 
 import pytest
 
@@ -437,6 +438,36 @@ def test_a_level_whose_timed_run_compiled_is_not_timed_again_for_disagreeing():
     level = timed_until_steady(lambda run: {"output_tokens_per_s": 50.0, "run": run}, 100, rerun_if_compiled)
     assert level["timed_runs"] == 3 and level["jit_compiles"] == 5 and level["jit_free"] is False
     assert level["run"] == 2 and level["steady"] is False
+
+
+def test_a_served_level_is_warmed_up_again_while_its_untimed_rounds_compile(tmp_path, monkeypatch):
+    """Dense FP8's DeepGEMM kept compiling through a level's untimed round and three timed ones at 256 clients:
+    the untimed round is made again (other prompts) while it compiled, at most WARMUP_ROUNDS, and the timed
+    rounds come after one that compiled nothing."""
+    from samoyeds_vllm.bench import e2e
+
+    log = tmp_path / "engine.log"
+    log.write_text("")
+    compiles = iter([2, 1, 0, 0])  # two untimed rounds compile, the third does not; then the timed round
+    served = []
+
+    def bench_serve(server, model, mix, concurrency, requests, out, tag, seed):
+        served.append((tag, seed))
+        with open(log, "a") as f:
+            f.write(JIT_LINE * next(compiles))
+        return {"concurrency": concurrency, "output_tokens_per_s": 100.0}
+
+    monkeypatch.setattr(e2e, "_bench_serve", bench_serve)
+    monkeypatch.setattr(e2e, "server_split", lambda url, measure: measure())
+    server = types.SimpleNamespace(url="http://x")
+    level = e2e.serve_level(server, tmp_path / "m", (128, 128), 256, 1024, tmp_path, log, [])
+    assert served == [("m-c256-warmup", 513), ("m-c256-warmup-1", 1513), ("m-c256-warmup-2", 2513), ("m-c256", 512)]
+    assert level["warmup_runs"] == 3 and level["warmup_jit_compiles"] == 3 and level["warmup_jit_free"] is True
+    assert level["timed_runs"] == 1 and level["jit_free"] is True and level["steady"] is True
+    # a warm-up that never stops compiling ends at WARMUP_ROUNDS, and the record says so
+    compiles, served[:] = iter([1] * e2e.WARMUP_ROUNDS + [0]), []
+    level = e2e.serve_level(server, tmp_path / "m", (128, 128), 4, 16, tmp_path, log, [])
+    assert len(served) == e2e.WARMUP_ROUNDS + 1 and level["warmup_jit_free"] is False
 
 
 def test_the_report_names_served_levels_whose_rounds_kept_disagreeing():
