@@ -7,14 +7,15 @@
 // slot-sum kernel to add: two reductions through global memory, each a launch and a round trip. Here the warps of
 // one block split each reduction instead and add their parts in shared memory:
 //   GEMM 1 (GATE_UP): block (slab of SLAB_ROWS condensed rows of gate and the same of up, slot j); its warps take
-//     equal shares of the k tiles of expert topk_ids[j]; the block writes SiLU(gate) * up to act[j].
+//     equal shares of the k tiles of slot j's expert; the block writes SiLU(gate) * up to act[j].
 //   GEMM 2: block (slab of SLAB_ROWS condensed output rows); warp w takes slot w / Q and share w % Q of its k tiles
 //     (Q = WARPS / top_k; the plan keeps top_k <= WARPS), weighted by the slot's routing weight; the block's sum is
 //     the token's output: no per-slot rows, no slot sum.
-// The experts come from topk_ids directly (a slot is its own tile), or from the router's logits (routed_slot). Each warp runs its own cp.async ring over its k
-// tiles, with no block barrier in the k loop. The token is column 0 of the mma.sp B operand: lanes 0-3 (g = 0) hold
-// it, built from the stage's inputs in shared memory, and the other lanes zeros; so the MMAs of a stage are those of
-// one 8-token tile, and the tensor cores' work is nothing next to the weights' bytes.
+// The experts come from topk_ids directly (a slot is its own tile), or from the router's logits (routed_slot). Each
+// warp runs its own cp.async ring over its k tiles, with no block barrier in the k loop. The token is column 0 of
+// the mma.sp B operand: lanes 0-3 (g = 0) hold it, built from the stage's inputs in shared memory, and the other
+// lanes zeros; so the MMAs of a stage are those of one 8-token tile, and the tensor cores' work is nothing next to
+// the weights' bytes.
 #pragma once
 
 #include "config.cuh"
@@ -55,11 +56,13 @@ __device__ __forceinline__ float key_value(unsigned key) {  // order_key's inver
 // weight. From topk_ids / topk_weights, or with router_logits as vLLM's topk_softmax makes them: softmax in fp32
 // over the experts, the top_k largest (ties to the lower expert id), their probabilities, divided by their sum on
 // request. Each lane holds up to MAX_ROUTED_LOGITS / 32 logits as keys (the logit's order_key above, 0xFFFF -
-// expert below), so one __reduce_max_sync finds each winner in order, the lower id first among equal logits (a
-// larger logit is a larger probability: distinct bf16 / fp16 logits stay distinct through the fp32 exp); the top-k
-// costs top_k warp reductions instead of a kernel of its own. GEMM 1 needs no weight (its output is the expert's,
-// unweighted) and it waits for the routing before its first weight load, so it stops at its own slot and skips the
-// softmax; GEMM 2 routes before its wait, while GEMM 1 runs. Warp-collective: every lane gets the slot's answer.
+// expert below), so one __reduce_max_sync finds each winner in order, the lower id first among equal logits. A
+// larger logit is a larger probability except where fp32 makes two equal (exp underflowing ~90 below the largest,
+// or logits closer than fp32 resolves after the shift, and -0 against +0), which vLLM ties to the lower id and this
+// orders by logit: the experts' weights there are equal or zero. The top-k costs top_k warp reductions instead of
+// a kernel of its own. GEMM 1 needs no weight (its output is the expert's, unweighted) and it waits for the routing
+// before its first weight load, so it stops at its own slot and skips the softmax; GEMM 2 routes before its wait,
+// while GEMM 1 runs. Warp-collective: every lane gets the slot's answer.
 template <typename T, bool WITH_WEIGHT>
 __device__ __forceinline__ void routed_slot(const MoEParams& p, int slot, int& expert, float& weight) {
   weight = 1.0f;

@@ -37,7 +37,7 @@ from ..format import PackedWeight, Pattern
 from . import build
 from .geometry import ELEMENTWISE_THREADS, MAX_EXPERTS, MAX_ROUTED_LOGITS, ROUTE_THREADS, template_name
 from .params import MoEParams, PackedExperts, ptr, to_kernel_arg
-from .plan import KernelConfig, LayerShape, MoEPlan, device_of, one_token_refusal, override_config, plan_moe
+from .plan import LayerShape, MoEPlan, device_of, one_token_planned, plan_moe
 from .weights import check_weights, dense_shape
 
 WORKSPACE_ALIGN = 256  # bytes: every scratch buffer starts on a 256-byte boundary (16-byte vector loads and more)
@@ -137,16 +137,21 @@ def moe_experts(
     return _forward_on_gpu(x, topk_ids.shape[1], w13, w2, pattern, ids, weights)
 
 
-def routes_logits(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, w13: PackedWeight) -> bool:
-    """Whether moe_experts_from_logits runs: one token (the one-token kernels take the top-k themselves), its
-    logits of x's dtype over at most MAX_ROUTED_LOGITS experts, all of them on this GPU (no expert parallelism)."""
+def routes_logits(
+    x: torch.Tensor, router_logits: torch.Tensor, top_k: int, w13: PackedWeight, pattern: Pattern
+) -> bool:
+    """Whether moe_experts_from_logits runs: the plan takes the one-token kernels (one token, top-k up to 8, no kernel
+    config asking for the general path), which take the top-k themselves from logits of x's dtype over at most
+    MAX_ROUTED_LOGITS experts, at least top_k of them. One logit per expert of w13: the caller routes first under
+    expert parallelism (the method: no expert map), whose global expert ids these kernels do not map."""
     num_experts = w13.values.shape[0]
+    shape = LayerShape(1, top_k, num_experts, x.shape[1], dense_shape(w13)[0] // 2)
     return (
         x.shape[0] == 1
         and router_logits.shape == (1, num_experts)
         and router_logits.dtype == x.dtype
-        and num_experts <= MAX_ROUTED_LOGITS
-        and one_token_refusal(LayerShape(1, top_k, num_experts, x.shape[1], dense_shape(w13)[0] // 2)) is None
+        and top_k <= num_experts <= MAX_ROUTED_LOGITS
+        and one_token_planned(shape, pattern, x.dtype, device_of(x.device), w13.scale is not None)
     )
 
 
@@ -162,12 +167,11 @@ def moe_experts_from_logits(
     """moe_experts with the routing of vLLM's softmax top-k (topk_softmax: softmax in fp32, the top_k largest, ties
     to the lower expert id, renormalised on request) taken inside the one-token kernels from the router's logits,
     where routes_logits says they can: a launch fewer than routing first."""
-    if not routes_logits(x, router_logits, top_k, w13):
+    if not routes_logits(x, router_logits, top_k, w13, pattern):
         raise SamoyedsError("moe_experts_from_logits: routes_logits refuses these inputs (route first)")
-    with override_config(KernelConfig(one_token=True)):
-        return _forward_on_gpu(
-            x, top_k, w13, w2, pattern, router_logits=router_logits.contiguous(), renormalize=renormalize
-        )
+    return _forward_on_gpu(
+        x, top_k, w13, w2, pattern, router_logits=router_logits.contiguous(), renormalize=renormalize
+    )
 
 
 def _forward_on_gpu(
@@ -199,6 +203,8 @@ def _forward_on_gpu(
 
     with cupy.cuda.Device(gpu):  # the kernels' module (and their occupancy) belongs to this device's context
         plan = plan_moe(shape, pattern, x.dtype, device, fp8, build.occupancy(x.dtype, pattern, device.arch, fp8))
+        if router_logits is not None and not plan.one_token:  # routes_logits asked the same: a plan out of step
+            raise SamoyedsError("the router's logits reached a plan without the one-token kernels (route first)")
         forward = _forward(plan, shape, x.dtype, pattern, device.arch, fp8, gpu)
 
         x = x.contiguous()

@@ -407,8 +407,21 @@ def plan_moe(
     """The plan of a forward: `override_config`, else the tuned table, else the heuristics (cached per shape).
     dtype: the activations'; fp8: the values are FP8 (else of dtype); occupancy: the compiled kernels' blocks per
     SM, with which decode tiles choose their block shapes (decode_block; without it, the first compiled shape)."""
-    config = _override.get() or tuned_config(shape, pattern, dtype, device, fp8) or KernelConfig()
-    return _plan(shape, pattern, dtype, device, config, fp8, occupancy)
+    return _plan(shape, pattern, dtype, device, _active_config(shape, pattern, dtype, device, fp8), fp8, occupancy)
+
+
+def _active_config(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, fp8: bool) -> KernelConfig:
+    return _override.get() or tuned_config(shape, pattern, dtype, device, fp8) or KernelConfig()
+
+
+def one_token_planned(shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, fp8: bool) -> bool:
+    """Whether plan_moe takes the one-token kernels for this layer (as _plan decides, without planning)."""
+    return _wants_one_token(_active_config(shape, pattern, dtype, device, fp8)) and one_token_refusal(shape) is None
+
+
+def _wants_one_token(config: KernelConfig) -> bool:
+    # one_token true means where the one-token kernels run: a table's entry also applies to nearby token counts
+    return config.one_token if config.one_token is not None else not config.general_path
 
 
 @functools.lru_cache(maxsize=4096)
@@ -424,9 +437,7 @@ def _plan(
     samoyeds, hopper = pattern.is_samoyeds, device.hopper
     rows13, rows2 = shape.packed_rows(pattern)
     slots = shape.slots
-    # one_token true means where the one-token kernels run: a table's entry also applies to nearby token counts
-    wants_one_token = config.one_token if config.one_token is not None else not config.general_path
-    if wants_one_token and one_token_refusal(shape) is None:
+    if _wants_one_token(config) and one_token_refusal(shape) is None:
         return _one_token_plan(shape, pattern, dtype, fp8)
     if config.token_tile is not None:
         if config.token_tile not in token_tiles(samoyeds, hopper):

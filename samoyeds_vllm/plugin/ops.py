@@ -170,14 +170,13 @@ def _moe_experts_softmax_topk_fake(x, *_):  # the schema's arguments; the output
 def _moe_experts_softmax_topk_cuda(x, router_logits, top_k, renormalize, *packed_and_pattern):
     *packed, pattern, segment = packed_and_pattern  # w13's four tensors, w2's four, the pattern's two fields
     w13, w2 = PackedWeight(*packed[:4]), PackedWeight(*packed[4:])
+    pattern_ = _pattern(pattern, segment)
     if (
         kernels.supports(x.dtype, w13, w2)
         and not os.environ.get("SAMOYEDS_FORCE_REFERENCE")
-        and kernels.routes_logits(x, router_logits, top_k, w13)
+        and kernels.routes_logits(x, router_logits, top_k, w13, pattern_)
     ):
-        return kernels.moe_experts_from_logits(
-            x, router_logits, top_k, renormalize, w13, w2, _pattern(pattern, segment)
-        )
+        return kernels.moe_experts_from_logits(x, router_logits, top_k, renormalize, w13, w2, pattern_)
     weights, ids = softmax_topk(router_logits, top_k, renormalize)
     return _moe_experts_cuda(x, weights, ids, *w13, *w2, pattern, segment)
 

@@ -235,7 +235,7 @@ def test_one_token_routes_its_logits_as_vllm_does(shape, values, renormalize):
         elif case == "edge tie":  # the k-th and (k+1)-th largest equal
             order = logits[0].float().argsort(descending=True)
             logits[0, order[top_k]] = logits[0, order[top_k - 1]]
-        assert kernels.routes_logits(x, logits, top_k, problem.packed13)
+        assert kernels.routes_logits(x, logits, top_k, problem.packed13, pattern)
         out = kernels.moe_experts_from_logits(x, logits, top_k, renormalize, problem.packed13, problem.packed2, pattern)
         weights, ids = softmax_topk(logits, top_k, renormalize)
         routed = kernels.moe_experts(x, weights, ids, problem.packed13, problem.packed2, pattern)

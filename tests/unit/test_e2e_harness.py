@@ -441,7 +441,7 @@ def test_a_level_whose_timed_run_compiled_is_not_timed_again_for_disagreeing():
 
 
 def test_a_served_level_is_warmed_up_again_while_its_untimed_rounds_compile(tmp_path, monkeypatch):
-    """Dense FP8's DeepGEMM kept compiling through a level's untimed round and three timed ones at 256 clients:
+    """Dense FP8's DeepGEMM kept compiling through three timed rounds after a level's untimed one at 256 clients:
     the untimed round is made again (other prompts) while it compiled, at most WARMUP_ROUNDS, and the timed
     rounds come after one that compiled nothing."""
     from samoyeds_vllm.bench import e2e

@@ -543,3 +543,25 @@ def test_one_token_only_where_its_kernels_run_and_the_config_allows():
             plan = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100)
         assert not plan.one_token and plan.token_tile == 16
     assert KernelConfig.from_json({"one_token": False}) == GENERAL and GENERAL.to_json() == {"one_token": False}
+
+
+def test_router_logits_reach_the_kernels_only_where_the_plan_takes_the_one_token_kernels(monkeypatch):
+    """kernels.routes_logits (the op's choice to let the one-token kernels take vLLM's softmax top-k): one token,
+    logits of x's dtype over the layer's experts, top_k of them at most, and no kernel config asking for the general
+    path (a tuned table that chose it for one token is kept)."""
+    from samoyeds_vllm.format import compress, prune
+    from samoyeds_vllm.kernels import launch
+
+    monkeypatch.setattr(launch, "device_of", lambda device: H200)
+    pattern, gen = Pattern.parse("samoyeds"), torch.Generator().manual_seed(3)
+    w13 = compress(prune(torch.randn(8, 2 * 128, 256, generator=gen).to(torch.bfloat16), pattern), pattern)
+    x = torch.randn(1, 256, generator=gen).to(torch.bfloat16)
+    logits = torch.randn(1, 8, generator=gen).to(torch.bfloat16)
+    assert launch.routes_logits(x, logits, 2, w13, pattern)
+    for config in (KernelConfig(one_token=False), KernelConfig(token_tile=8)):
+        with override_config(config):
+            assert not launch.routes_logits(x, logits, 2, w13, pattern), config
+    assert not launch.routes_logits(x, logits, 9, w13, pattern)  # more slots than experts
+    assert not launch.routes_logits(x.expand(2, -1), logits.expand(2, -1), 2, w13, pattern)
+    assert not launch.routes_logits(x, logits.float(), 2, w13, pattern)
+    assert not launch.routes_logits(x, logits[:, :4], 2, w13, pattern)  # expert parallelism's local experts
