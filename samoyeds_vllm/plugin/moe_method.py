@@ -260,9 +260,9 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
     def apply_monolithic(
         self, layer: RoutedExperts, x: torch.Tensor, router_logits: torch.Tensor, input_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
+        w13, w2 = self._packed(layer, "w13"), self._packed(layer, "w2")
         if self.routing.plain_softmax and layer.expert_map is None and not layer.apply_router_weight_on_input:
             # vLLM's softmax top-k inside the op: at one token the kernels take it from the logits themselves
-            w13, w2 = self._packed(layer, "w13"), self._packed(layer, "w2")
             routing = self.routing
             return ops.moe_experts_softmax_topk(
                 x, router_logits, routing.top_k, routing.renormalize, w13, w2, self.pattern
@@ -273,7 +273,6 @@ class SamoyedsMoEMethod(FusedMoEMethodBase):
             topk_weights = torch.ones_like(topk_weights)
         if layer.expert_map is not None:  # expert parallelism: global ids -> local ids, -1 elsewhere
             topk_ids = layer.expert_map[topk_ids]
-        w13, w2 = self._packed(layer, "w13"), self._packed(layer, "w2")
         return ops.moe_experts(x, topk_weights, topk_ids, w13, w2, self.pattern)
 
 

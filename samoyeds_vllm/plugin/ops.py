@@ -113,7 +113,7 @@ def moe_reference(
     return out
 
 
-def _moe_experts_fake(x, *_):  # the schema's arguments; the output is x's shape and dtype
+def _experts_fake(x, *_):  # either op's schema arguments; the output is x's shape and dtype
     return torch.empty_like(x)
 
 
@@ -163,10 +163,6 @@ def _moe_experts_softmax_topk_reference(
     return _moe_experts_reference(x, weights, ids, *packed, pattern, segment)
 
 
-def _moe_experts_softmax_topk_fake(x, *_):  # the schema's arguments; the output is x's shape and dtype
-    return torch.empty_like(x)
-
-
 def _moe_experts_softmax_topk_cuda(x, router_logits, top_k, renormalize, *packed_and_pattern):
     *packed, pattern, segment = packed_and_pattern  # w13's four tensors, w2's four, the pattern's two fields
     w13, w2 = PackedWeight(*packed[:4]), PackedWeight(*packed[4:])
@@ -185,10 +181,10 @@ _LIBRARY = torch.library.Library("samoyeds", "FRAGMENT")  # the op lives as long
 _LIBRARY.define("moe_experts" + torch.library.infer_schema(_moe_experts_reference, mutates_args=()))
 _LIBRARY.impl("moe_experts", _moe_experts_reference, "CompositeExplicitAutograd")  # CPU and any other device
 _LIBRARY.impl("moe_experts", _moe_experts_cuda, "CUDA")
-torch.library.register_fake("samoyeds::moe_experts", _moe_experts_fake, lib=_LIBRARY)
+torch.library.register_fake("samoyeds::moe_experts", _experts_fake, lib=_LIBRARY)
 _LIBRARY.define(
     "moe_experts_softmax_topk" + torch.library.infer_schema(_moe_experts_softmax_topk_reference, mutates_args=())
 )
 _LIBRARY.impl("moe_experts_softmax_topk", _moe_experts_softmax_topk_reference, "CompositeExplicitAutograd")
 _LIBRARY.impl("moe_experts_softmax_topk", _moe_experts_softmax_topk_cuda, "CUDA")
-torch.library.register_fake("samoyeds::moe_experts_softmax_topk", _moe_experts_softmax_topk_fake, lib=_LIBRARY)
+torch.library.register_fake("samoyeds::moe_experts_softmax_topk", _experts_fake, lib=_LIBRARY)
