@@ -43,7 +43,8 @@ struct OneTokenStage {
 // A bf16 / fp16 value's bits as a key that orders as the values do (sign-magnitude: negatives flipped).
 template <typename T>
 __device__ __forceinline__ unsigned order_key(T v) {
-  const unsigned bits = *reinterpret_cast<const unsigned short*>(&v);
+  unsigned bits = *reinterpret_cast<const unsigned short*>(&v);
+  if (bits == 0x8000u) bits = 0u;  // -0 is +0: the same probability, so vLLM ties them to the lower expert id
   return bits & 0x8000u ? ~bits & 0xFFFFu : bits | 0x8000u;
 }
 template <typename T>
@@ -58,7 +59,7 @@ __device__ __forceinline__ float key_value(unsigned key) {  // order_key's inver
 // request. Each lane holds up to MAX_ROUTED_LOGITS / 32 logits as keys (the logit's order_key above, 0xFFFF -
 // expert below), so one __reduce_max_sync finds each winner in order, the lower id first among equal logits. A
 // larger logit is a larger probability except where fp32 makes two equal (exp underflowing ~90 below the largest,
-// or logits closer than fp32 resolves after the shift, and -0 against +0), which vLLM ties to the lower id and this
+// or logits closer than fp32 resolves after the shift), which vLLM ties to the lower id and this
 // orders by logit: the experts' weights there are equal or zero. The top-k costs top_k warp reductions instead of
 // a kernel of its own. GEMM 1 needs no weight (its output is the expert's, unweighted) and it waits for the routing
 // before its first weight load, so it stops at its own slot and skips the softmax; GEMM 2 routes before its wait,

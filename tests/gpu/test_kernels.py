@@ -220,7 +220,7 @@ def test_one_token_kernels_and_the_general_path(shape, values, pattern):
 def test_one_token_routes_its_logits_as_vllm_does(shape, values, renormalize):
     """At one token the kernels take vLLM's softmax top-k of the router's logits themselves
     (kernels.moe_experts_from_logits): the output of routing with vLLM's topk_softmax kernel first, on random
-    logits, all-equal logits (the lowest ids) and a tie at the top-k's edge."""
+    logits, all-equal logits (the lowest ids), a tie at the top-k's edge and -0 against +0 (equal)."""
     from samoyeds_vllm.plugin.routing import softmax_topk
 
     pattern = PATTERNS["samoyeds"]
@@ -228,13 +228,18 @@ def test_one_token_routes_its_logits_as_vllm_does(shape, values, renormalize):
     problem = make_problem(moe, pattern, 1, seed=9, values=values)
     x, top_k = problem.x, moe.top_k
     generator = torch.Generator(device=x.device).manual_seed(10)
-    for case in ("random", "equal", "edge tie"):
+    for case in ("random", "equal", "edge tie", "signed zeros"):
         logits = torch.randn(1, moe.num_experts, generator=generator, device=x.device).to(x.dtype)
         if case == "equal":
             logits.fill_(0.5)
         elif case == "edge tie":  # the k-th and (k+1)-th largest equal
             order = logits[0].float().argsort(descending=True)
             logits[0, order[top_k]] = logits[0, order[top_k - 1]]
+        elif case == "signed zeros":  # the largest are 2 top_k zeros, -0 at the lower ids: vLLM takes those
+            logits = -1.0 - logits.abs()
+            zeros = torch.randperm(moe.num_experts, generator=generator, device=x.device)[: 2 * top_k].sort().values
+            logits[0, zeros[:top_k]] = -0.0
+            logits[0, zeros[top_k:]] = 0.0
         assert kernels.routes_logits(x, logits, top_k, problem.packed13, pattern)
         out = kernels.moe_experts_from_logits(x, logits, top_k, renormalize, problem.packed13, problem.packed2, pattern)
         weights, ids = softmax_topk(logits, top_k, renormalize)
