@@ -22,3 +22,6 @@ samoyeds-vllm bench e2e --model qwen3-30b-a3b --out /tmp/srv --variants samoyeds
   --concurrency 1 --prompts-per-client 16
 samoyeds-vllm bench e2e --model qwen3-30b-a3b --out /tmp/srv --variants dense --stages serving \
   --concurrency 1 --prompts-per-client 16
+# 2026-11-28, one H200 (143771 MiB, driver 580.159.04), the tree of dab1c70 (order_key takes -0 as +0, the routing
+# test's "signed zeros" case added): tests-signed-zeros.log
+python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py -k "routes_its_logits"

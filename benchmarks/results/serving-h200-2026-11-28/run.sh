@@ -1,8 +1,9 @@
 # Two NVIDIA H200s of one host (143771 MiB, driver 580.159.04), 2026-11-28, vLLM 0.26.0, torch 2.11.0+cu130, main at
 # 1891f72, Qwen3-30B-A3B shape, dummy weights, 4 API servers, prefix caching off (bench e2e's serving stage).
 # 256 clients (c256/), on GPU 1, one variant after the other, 4 requests per client after an untimed round; dense
-# FP8's first call ran out of its time in its fourth untimed round (it was compiling), and the second call resumed
-# it on the same machine: five untimed rounds in all, the last two compiled nothing, the timed one nothing:
+# FP8's first call ran out of its time in its untimed rounds (they kept compiling), and the second call resumed it
+# on the same machine: two more untimed rounds, the second compiling nothing, then the timed one, compiling nothing
+# (results.json: warmup_runs, warmup_jit_free, jit_free):
 samoyeds-vllm bench e2e --model qwen3-30b-a3b --out /tmp/srv1 --variants dense-fp8 --stages serving \
   --concurrency 256 --prompts-per-client 4
 samoyeds-vllm bench e2e --model qwen3-30b-a3b --out /tmp/srv1 --variants samoyeds-fp8 --stages serving \
