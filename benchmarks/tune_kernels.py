@@ -10,7 +10,8 @@ each in the second of two CUDA graphs (bench/timing.py), so neither the order no
 one. "splits" tries split-K factors (1, 2, 4) for gate/up x (1, 3) for down (never more than the k tiles allow);
 "blocks" tries every compiled block shape of each GEMM at the heuristics' token tile; "tiles" tries every compiled
 token tile (each with its preferred block shapes and the split-K rule); "activations" (FP8 values)
-tries each GEMM with and without FP8 copies of its activations (FP8 x FP8 MMAs) where its block can. The JSON also
+tries each GEMM with and without FP8 copies of its activations (FP8 x FP8 MMAs) where its block can, on top of the
+shipped table's entry where there is one (so a tuned split keeps its place). The JSON also
 records each config's error against the same layer with bf16 values (same seed: FP8 values' whole error).
 --write-tables writes, per (shape, pattern), the best config of each token count in the format and file name of
 configs/kernels/README.md; put them under configs/kernels/ (shipped) or point $SAMOYEDS_KERNEL_CONFIG_DIR at DIR.
@@ -19,6 +20,7 @@ configs/kernels/README.md; put them under configs/kernels/ (shipped) or point $S
 import argparse
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,6 +36,7 @@ from samoyeds_vllm.kernels.plan import (
     one_token_refusal,
     table_name,
     token_tiles,
+    tuned_config,
 )
 from samoyeds_vllm.tools.moe_problem import error_against_plan, make_problem, reference, relative_error, run_sparse
 from samoyeds_vllm.tools.presets import preset_shape
@@ -47,9 +50,11 @@ def candidates(
     search: str,
     fp8: bool,
     one_token: bool = False,
+    tuned: KernelConfig | None = None,
 ) -> list[tuple[str, KernelConfig]]:
     """(name, KernelConfig) to time. plan: the general path's plan (at one token "default" is the one-token kernels,
-    and "general path" the heuristics' choices of the general path)."""
+    and "general path" the heuristics' choices of the general path); tuned: the shipped table's entry, if any (the
+    activations search varies it, so a tuned split keeps its place)."""
     samoyeds = pattern.is_samoyeds
     out = [("default", KernelConfig())]  # the heuristics (no tuned table)
     if one_token:
@@ -70,12 +75,17 @@ def candidates(
         for bn in token_tiles(samoyeds, hopper):
             out.append((f"token tile {bn}", KernelConfig(bn)))
     if search in ("activations", "all") and fp8:
-        allowed = [fp8_activations_allowed(gemm.block, pattern, fp8) for gemm in (plan.gate_up, plan.down)]
+        base = tuned or KernelConfig()
+        if tuned is not None:
+            out.append(("tuned table", tuned))
+        allowed = [fp8_activations_allowed(gemm.block, pattern, fp8, hopper) for gemm in (plan.gate_up, plan.down)]
         for acts in itertools.product((False, True), repeat=2):
             if all(ok or not a for a, ok in zip(acts, allowed, strict=True)):
                 name = f"fp8 activations gate/up {'on' if acts[0] else 'off'}, down {'on' if acts[1] else 'off'}"
-                gate_up, down = (GemmConfig(fp8_activations=a) for a in acts)
-                out.append((name, KernelConfig(gate_up=gate_up, down=down)))
+                gemms = zip((base.gate_up, base.down), acts, strict=True)
+                gate_up, down = (replace(c, fp8_activations=a) for c, a in gemms)
+                name += " (tuned table's entry)" if tuned is not None else ""
+                out.append((name, KernelConfig(base.token_tile, gate_up, down)))
     return list(dict(out).items())
 
 
@@ -108,7 +118,8 @@ def main() -> None:
         refs = {}
         unquantized = reference(make_problem(shape, pattern, tokens, seed=tokens)) if fp8 else None
         k_tiles = (shape.hidden // 128, shape.intermediate // 128)
-        configs = candidates(plan, k_tiles, pattern, device.hopper, args.search, fp8, one_token)
+        tuned = tuned_config(layer, pattern, torch.bfloat16, device, fp8)
+        configs = candidates(plan, k_tiles, pattern, device.hopper, args.search, fp8, one_token, tuned)
         cells: dict[str, list[float]] = {}
         errors: dict[str, float] = {}
         for rnd in range(2):

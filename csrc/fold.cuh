@@ -33,6 +33,19 @@ __device__ __forceinline__ void fold_segment(const float (&acc)[MT][NT][4], floa
         for (int i = 2 * r; i < 2 * r + 2; ++i) odd[h][j][i] = fmaf(factor, acc[h][j][i], odd[h][j][i]);
     }
 }
+// Before the wgmma.sp of k-step ks: where a segment starts (samoyeds), the MMAs of the segment before must finish
+// (V < 128: it ran in this stage) before acc folds; then acc is pinned and fenced for the asynchronous MMAs.
+template <bool SAMOYEDS, int SEG_STEPS, int MT, int NT, typename SelWord>
+__device__ __forceinline__ void wgmma_step_begin(float (&acc)[MT][NT][4], float (&odd)[MT][NT][4],
+                                                 const SelWord (&sel)[MT][2], bool (&kept_odd)[MT][2], int ks) {
+  if (SAMOYEDS && ks % SEG_STEPS == 0) {
+    if (ks > 0) wgmma_drain(acc);
+    fold_segment(acc, odd, sel, kept_odd, ks / SEG_STEPS);
+  }
+#pragma unroll
+  for (int h = 0; h < MT; ++h) wgmma_pin(acc[h]);
+  wgmma_fence();
+}
 // After the last segment: acc becomes the even row's sum, odd the odd row's.
 template <int MT, int NT>
 __device__ __forceinline__ void unfold(float (&acc)[MT][NT][4], float (&odd)[MT][NT][4],

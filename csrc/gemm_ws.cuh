@@ -303,15 +303,8 @@ __device__ __forceinline__ void moe_gemm_ws_body(
 #pragma unroll
             for (int h = 0; h < MT; ++h) fp8_fragment<T>(a[h], {a8[h][0][0], a8[h][1][0]}, ks);
           }
-          if (FP8 || ks % SEG_STEPS == 0) {  // new A registers, or a segment starts (2:4: the stage)
-            if (SAMOYEDS && ks % SEG_STEPS == 0) {
-              if (ks > 0) wgmma_drain(acc);  // V < 128: the segment before, in this stage, must finish first
-              fold_segment(acc, acc_odd, sel, kept_odd, ks / SEG_STEPS);
-            }
-#pragma unroll
-            for (int h = 0; h < MT; ++h) wgmma_pin(acc[h]);
-            wgmma_fence();
-          }
+          if (FP8 || ks % SEG_STEPS == 0)  // new A registers, or a segment starts (2:4: the stage)
+            wgmma_step_begin<SAMOYEDS, SEG_STEPS>(acc, acc_odd, sel, kept_odd, ks);
           // k-step ks: 16 compressed values (32 B) into each A row, 32 inputs (64 B) into the B rows of panel
           // ks / 2 (FP8 x FP8: 64 inputs, 64 B, of the one panel); row 0 of each tile is unswizzled, so those are
           // the start addresses.

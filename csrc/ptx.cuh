@@ -159,7 +159,8 @@ __device__ __forceinline__ void wgmma_sp_ss(float (&d)[N / 8][4], unsigned long 
 #undef SAMOYEDS_WGMMA_SP_SS_N128
 
 // FP8 activations: the product with both operands float8 e4m3, 64 weight rows x N tokens x 64 inputs per
-// instruction, at twice the rate of T x T. A from registers: the mma.sp m16n8k64 fragment of the warp's 16 rows
+// instruction, at twice the rate of T x T (the ws kernel's wide tiles, and the decode tiles of gemm_mma.cuh: Hopper
+// has no FP8 mma.sync; ptxas turns an e4m3 mma.sp into f16 conversions and f16 MMAs). A from registers: the mma.sp m16n8k64 fragment of the warp's 16 rows
 // (a[0] row g, compressed bytes 4t .. 4t + 3 of the k-step, the first in the low byte; a[1] row g + 8; a[2], a[3]
 // bytes 16 + 4t ..), B (N tokens x 64 inputs of one byte) from 128-byte-swizzled shared memory, D as above. The
 // metadata word of lane t holds 8 consecutive 4-input groups of one row, row g + 8 (t & 1), groups 8 (t >> 1) ..:
@@ -186,9 +187,33 @@ __device__ __forceinline__ void wgmma_sp_ss(float (&d)[N / 8][4], unsigned long 
 template <int N>
 __device__ __forceinline__ void wgmma_sp_e4m3(float (&d)[N / 8][4], const unsigned (&a)[4], unsigned long long b_desc,
                                               unsigned e) {
-  static_assert(N == 64 || N == 128, "token tiles of 64 or 128");
-  if constexpr (N == 64) SAMOYEDS_WGMMA_SP_E4M3_N64;
-  else SAMOYEDS_WGMMA_SP_E4M3_N128;
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128, "token tiles of 8 to 128");
+  if constexpr (N == 8) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sp.sync.aligned.m64n8k64.f32.e4m3.e4m3 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, %9, 0, p, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(e));
+  } else if constexpr (N == 16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sp.sync.aligned.m64n16k64.f32.e4m3.e4m3 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, %13, 0, p, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                   "+f"(d[1][2]), "+f"(d[1][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(e));
+  } else if constexpr (N == 32) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sp.sync.aligned.m64n32k64.f32.e4m3.e4m3 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, %21, 0, p, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+                   "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(e));
+  } else if constexpr (N == 64) {
+    SAMOYEDS_WGMMA_SP_E4M3_N64;
+  } else {
+    SAMOYEDS_WGMMA_SP_E4M3_N128;
+  }
 }
 #undef SAMOYEDS_WGMMA_SP_E4M3_N64
 #undef SAMOYEDS_WGMMA_SP_E4M3_N128

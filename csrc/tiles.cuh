@@ -86,14 +86,24 @@ __device__ __forceinline__ int fp8_chunk_at(int r, int c) { return c ^ ((r >> 1)
 // order (byte 16 t' + 4 ks + 2 hi + lo is column 8 hi + 2 t' + lo of 32-input step ks). Bytes 4t .. 4t + 3 of the
 // step are the halves hi = t >> 1 of the words of chunks (threads) t' = 2 (t & 1) and t' + 1 at ks = 2 j, bytes
 // 16 + 4t .. the same at ks = 2 j + 1: rows[r][c] is chunk 2 (t & 1) + c of row g + 8 r, all four k-steps.
-__device__ __forceinline__ void e4m3_fragment(unsigned (&a)[4], const uint4 (&rows)[2][2], int t, int j) {
+// step[r][c]: the half of chunk 2 (t & 1) + c of row g + 8 r that k-step j reads (its first 8 bytes for j = 0, its
+// last 8 for j = 1).
+__device__ __forceinline__ void e4m3_fragment_of_step(unsigned (&a)[4], const uint2 (&step)[2][2], int t) {
   const unsigned pick = (t >> 1) ? 0x7632 : 0x5410;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const uint4 &c0 = rows[r][0], &c1 = rows[r][1];
-    a[r] = __byte_perm(j == 0 ? c0.x : c0.z, j == 0 ? c1.x : c1.z, pick);
-    a[2 + r] = __byte_perm(j == 0 ? c0.y : c0.w, j == 0 ? c1.y : c1.w, pick);
+    a[r] = __byte_perm(step[r][0].x, step[r][1].x, pick);
+    a[2 + r] = __byte_perm(step[r][0].y, step[r][1].y, pick);
   }
+}
+__device__ __forceinline__ void e4m3_fragment(unsigned (&a)[4], const uint4 (&rows)[2][2], int t, int j) {
+  uint2 step[2][2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      step[r][c] = j == 0 ? make_uint2(rows[r][c].x, rows[r][c].y) : make_uint2(rows[r][c].z, rows[r][c].w);
+  e4m3_fragment_of_step(a, step, t);
 }
 
 // Where the weights are in global memory. Packed values and metadata are stored tiled (kernels/weights.py): each

@@ -135,13 +135,23 @@ class BlockShape:
         fp8: bool = False,
         fp8_activations: bool = False,
     ) -> str:
-        """dtype: the activations'; fp8: the values are FP8; fp8_activations: the ws kernel multiplies FP8 copies of
-        the activations (FP8 x FP8)."""
+        """dtype: the activations'; fp8: the values are FP8; fp8_activations: the kernel multiplies FP8 copies of
+        the activations (FP8 x FP8: the ws kernel, or the mma kernel's decode tiles)."""
         samoyeds, segment = pattern_template_args(pattern)
         if self.kind == "one_token":
             return template_name("moe_one_token", dtype, fp8, samoyeds, segment, gate_up, self.warps)
         if self.kind == "ws":
             return template_name("moe_gemm_ws", dtype, fp8, samoyeds, segment, token_tile, gate_up, fp8_activations)
         return template_name(
-            "moe_gemm", dtype, fp8, samoyeds, segment, token_tile, gate_up, self.warps, self.slabs, self.kind == "wgmma"
+            "moe_gemm",
+            dtype,
+            fp8,
+            samoyeds,
+            segment,
+            token_tile,
+            gate_up,
+            self.warps,
+            self.slabs,
+            self.kind == "wgmma",
+            fp8_activations,
         )

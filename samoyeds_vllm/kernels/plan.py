@@ -327,11 +327,26 @@ def expected_tiles(slots: int, num_experts: int, token_tile: int) -> float:
     return num_experts * total
 
 
-def fp8_activations_allowed(block: BlockShape, pattern: Pattern, fp8: bool) -> bool:
-    """Whether a GEMM can multiply FP8 copies of its activations: FP8 values in the ws kernel (e4m3 wgmma.sp), with
-    segments of whole 64-input k-steps. (Not the mma kernel: its GEMM 1 of a few tokens reads x before any wait,
-    csrc/gemm_mma.cuh, which is safe only with no quantize kernel between the routing index and it.)"""
-    return fp8 and block.kind == "ws" and (not pattern.is_samoyeds or pattern.segment % 64 == 0)
+def fp8_activations_allowed(block: BlockShape, pattern: Pattern, fp8: bool, hopper: bool) -> bool:
+    """Whether a GEMM can multiply FP8 copies of its activations (e4m3 wgmma.sp, Hopper): FP8 values, segments of
+    whole 64-input k-steps, in the ws kernel or in the decode tiles' mma kernel (whole warpgroups; its GEMM 1 then
+    waits for the routing index before reading x's copy: maps_itself)."""
+    whole_steps = not pattern.is_samoyeds or pattern.segment % 64 == 0
+    return fp8 and hopper and whole_steps and (block.kind == "ws" or (block.kind == "mma" and block.warps % 4 == 0))
+
+
+def fp8_activations_default(block: BlockShape, pattern: Pattern, fp8: bool, hopper: bool, token_tile: int) -> bool:
+    """Whether a plan multiplies FP8 copies of the activations unless its config says: in the ws kernel (docs/
+    benchmarks.md, "FP8 x FP8 in the warp-specialised kernel") and in the mma kernel's 16-token tiles, where both
+    GEMMs FP8 x FP8 made the layer 1.02-1.19x as fast at 13 of 16 cells of six shapes and both patterns (H200,
+    `tune_kernels.py --search activations`, benchmarks/results/decode-fp8-activations-h200/: Qwen3-30B-A3B T = 128
+    samoyeds 78.4 against 79.8 µs with bf16 activations, Mixtral T = 32 150.1 / 169.4, Qwen3-235B-A22B T = 128
+    214.4 / 245.1, Qwen1.5-MoE T = 64 60.5 / 72.0); OLMoE samoyeds tied (0.985x) and DeepSeek-V2-Lite samoyeds lost
+    (0.95-0.97x: its tuned table keeps GEMM 1 on bf16 activations). The 8-token tiles keep bf16 activations: there
+    both GEMMs FP8 x FP8 ran 0.86-1.08x as fast (not profiled: the two quantize kernels it adds are one suspect),
+    so only tuned tables ask for it, where it won by 3% or more."""
+    mma16 = block.kind == "mma" and token_tile == 16
+    return (block.kind == "ws" or mma16) and fp8_activations_allowed(block, pattern, fp8, hopper)
 
 
 def quantize_grid(rows: int, sms: int) -> tuple[int, int, int]:
@@ -523,11 +538,12 @@ def _plan(
             grid = (row_blocks, tiles, splits)
         fp8_acts = gemm_config.fp8_activations
         if fp8_acts is None:
-            fp8_acts = fp8_activations_allowed(block, pattern, fp8)
-        elif fp8_acts and not fp8_activations_allowed(block, pattern, fp8):
+            fp8_acts = fp8_activations_default(block, pattern, fp8, hopper, token_tile)
+        elif fp8_acts and not fp8_activations_allowed(block, pattern, fp8, hopper):
             raise SamoyedsError(
-                f"kernel config: {what} FP8 activations need FP8 values in a ws block and segments of whole "
-                f"64-input k-steps (here: {'FP8' if fp8 else 'non-FP8'} values, {block.kind} block, {pattern})"
+                f"kernel config: {what} FP8 activations need FP8 values on Hopper in a ws block or an mma block of "
+                f"whole warpgroups, and segments of whole 64-input k-steps (here: {'FP8' if fp8 else 'non-FP8'} "
+                f"values on {device.arch}, a {block.kind} block of {block.warps} warps, {pattern})"
             )
         return GemmPlan(
             gate_up,
@@ -644,7 +660,7 @@ def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool 
         for bn in token_tiles(samoyeds, hopper)
         for gate_up in (True, False)
         for block in block_shapes(bn, gate_up, samoyeds, hopper, fp8)
-        for fp8_acts in {False, fp8_activations_allowed(block, pattern, fp8)}
+        for fp8_acts in {False, fp8_activations_allowed(block, pattern, fp8, hopper)}
     ]
     if fp8 and hopper:
         names += [template_name("quantize_rows", dtype, gate_up) for gate_up in (True, False)]

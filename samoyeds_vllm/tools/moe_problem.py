@@ -128,7 +128,7 @@ def quantize_rows(rows: torch.Tensor) -> torch.Tensor:
 
 def planned_fp8_activations(p: MoEProblem) -> tuple[bool, bool]:
     """Whether the kernels' plan for this problem (on its GPU, under any override_config) quantizes the activations
-    of GEMM 1 and of GEMM 2: FP8 values in Hopper's ws kernel."""
+    of GEMM 1 and of GEMM 2: FP8 values in Hopper's ws kernel, or in its decode tiles where a config asks."""
     if p.packed13 is None or p.packed13.scale is None or not p.x.is_cuda:
         return False, False
     shape = kernels.LayerShape(p.x.shape[0], p.topk_ids.shape[1], p.w13.shape[0], p.x.shape[1], p.w2.shape[2])

@@ -13,7 +13,7 @@ from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.format import FP8, Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape
 from samoyeds_vllm.kernels import launch as kernel_launch
-from samoyeds_vllm.kernels.plan import block_shapes, device_of, token_tiles
+from samoyeds_vllm.kernels.plan import block_shapes, device_of, fitting_block_shapes, token_tiles
 from samoyeds_vllm.tools.moe_problem import (
     BF16_TOLERANCE,
     FP8_ACTIVATIONS_TOLERANCE,
@@ -165,13 +165,14 @@ def test_fresh_inputs_every_run():
 @pytest.mark.parametrize("ids", ["some-remote", "all-remote", "repeated"])
 @pytest.mark.parametrize("tokens", [1, 3, 4, 8])  # Qwen3 (top-8): 4 tokens fill the 32 slots, 8 take the index
 @pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "mixtral-8x7b"])  # Mixtral: 8 experts, several tokens each
-def test_few_tokens_with_experts_elsewhere_or_repeated(shape, tokens, ids, values):
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_few_tokens_with_experts_elsewhere_or_repeated(pattern, shape, tokens, ids, values):
     """Up to 8 tokens and 32 slots GEMM 1 works its tile map out from topk_ids while the routing index is built
     (csrc/few_tokens.cuh): experts on another rank (id -1: expert parallelism) are skipped as the index skips them,
     and a token routed twice to one expert, which no top-k does, takes the index's map; both match the reference.
     One token runs it twice: the one-token kernels (csrc/one_token.cuh), which read topk_ids themselves, and the
     general path."""
-    problem = make_problem(preset_shape(shape), PATTERNS["samoyeds"], tokens, seed=21, values=values)
+    problem = make_problem(preset_shape(shape), PATTERNS[pattern], tokens, seed=21, values=values)
     if ids == "some-remote":
         problem.topk_ids[:, ::2] = -1
     elif ids == "all-remote":
@@ -356,6 +357,42 @@ def test_fp8_activations_in_either_gemm(split, pattern):
         out = run_sparse(problem)
     assert relative_error(out, reference(problem, split)) < FP8_ACTIVATIONS_TOLERANCE
     assert relative_error(out, reference(problem)) < 0.05
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("token_tile", [8, 16, 32])
+@pytest.mark.parametrize("shape", FP8_SHAPES)
+def test_fp8_activations_in_the_decode_tiles(shape, token_tile, pattern):
+    """The decode tiles' mma kernel multiplying FP8 copies of the activations where a config asks (e4m3 wgmma.sp,
+    N = 8 to 32 tokens, Hopper), every compiled block shape (two warpgroups in the 8-warp gate/up blocks): against
+    the reference quantizing the same activations, in both GEMMs or either, with split-K (the fp32 partials carry
+    the columns' scales)."""
+    if not device_of(torch.device("cuda")).hopper:
+        pytest.skip("FP8 activations need Hopper's e4m3 wgmma.sp")
+    moe, samoyeds = preset_shape(shape), PATTERNS[pattern].is_samoyeds
+    problem = make_problem(moe, PATTERNS[pattern], 24, seed=token_tile, values=FP8)
+    rows13, rows2 = LayerShape(24, moe.top_k, moe.num_experts, moe.hidden, moe.intermediate).packed_rows(
+        PATTERNS[pattern]
+    )
+    both = [
+        (b13, b2, (True, True), (1, 1))
+        for b13 in fitting_block_shapes(token_tile, True, samoyeds, True, rows13 // 2, fp8=True)
+        for b2 in fitting_block_shapes(token_tile, False, samoyeds, True, rows2, fp8=True)
+    ]
+    b13, b2 = both[0][:2]
+    for gate_up, down, acts, splits in both + [(b13, b2, (True, False), (2, 1)), (b13, b2, (False, True), (1, 3))]:
+        config = KernelConfig(
+            token_tile,
+            gate_up=GemmConfig(gate_up.kind, gate_up.warps, gate_up.slabs, splits[0], acts[0]),
+            down=GemmConfig(down.kind, down.warps, down.slabs, splits[1], acts[1]),
+        )
+        with kernels.override_config(config):
+            assert planned_fp8_activations(problem) == acts
+            out = run_sparse(problem)
+            torch.cuda.synchronize()
+            err, tol = error_against_plan(problem, out)
+        assert err < tol, f"{gate_up} / {down}, FP8 activations {acts}, splits {splits}: relative error {err}"
+    assert relative_error(out, reference(problem)) < 0.05  # close to the layer with unquantized activations
 
 
 def test_fp8_activations_of_zero_rows():

@@ -92,7 +92,7 @@ def test_plans_of_the_qwen3_layer_on_an_h100():
     assert decode.token_tile == 8 and decode.chunks == 0
     assert decode.gate_up.block == BlockShape("mma", 4, 2) and decode.gate_up.splits == 4
     assert decode.gate_up.grid == (384 // 64, decode.num_tiles, 4) and decode.gate_up.threads == 128
-    assert decode.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, false, true, 128, 8, true, 4, 2, false>"
+    assert decode.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, false, true, 128, 8, true, 4, 2, false, false>"
     assert decode.sum_kernel == "samoyeds::sum_slots<__nv_bfloat16, __nv_bfloat16, 1>"
     assert decode.silu_kernel == "samoyeds::silu_mul_splits<__nv_bfloat16>"
 
@@ -135,17 +135,58 @@ def test_fp8_values_run_the_same_kernels_with_their_flag():
     assert values_only.gate_up.shared_bytes == 6 * (64 * 256 + 256 * 64 + 256 * 16) + 1024
     with override_config(KernelConfig(64, GemmConfig("wgmma", 4, 2))):
         one_warpgroup = plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.bfloat16, H100, fp8=True)
-    assert one_warpgroup.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, false, 128, 64, true, 4, 2, true>"
+    one_warpgroup_kernel = "samoyeds::moe_gemm<__nv_bfloat16, true, false, 128, 64, true, 4, 2, true, false>"
+    assert one_warpgroup.gate_up.kernel == one_warpgroup_kernel
     assert one_warpgroup.gate_up.shared_bytes == 3 * (64 * 256 + 128 * 64 + 128 * 16) + 1024
     with override_config(GENERAL):
         decode = plan_moe(LayerShape(1, **QWEN3), SAMOYEDS, torch.bfloat16, H100, fp8=True)
-    assert decode.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, true, 128, 8, true, 4, 2, false>"
+    assert decode.gate_up.kernel == "samoyeds::moe_gemm<__nv_bfloat16, true, true, 128, 8, true, 4, 2, false, false>"
     assert not decode.gate_up.fp8_activations and decode.gate_up.quantize_kernel is None
 
 
+def test_decode_tiles_multiply_fp8_activations_where_a_config_asks():
+    """The decode tiles' mma kernel can multiply FP8 copies of the activations (e4m3 wgmma.sp on Hopper, FP8 values):
+    in its 16-token tiles by default, in the 8-token ones where a kernel config (a tuned table, tune_kernels.py)
+    asks, with 1-byte B tiles and the quantize kernels; GEMM 1 of a few tokens then waits for the routing index
+    instead of mapping itself (x's copy comes after it)."""
+    for pattern in (SAMOYEDS, TWO_FOUR):
+        sixteen = plan_moe(LayerShape(128, **QWEN3), pattern, torch.bfloat16, H100, fp8=True, occupancy=_h100_occupancy)
+        assert sixteen.token_tile == 16 and sixteen.gate_up.block.kind == "mma" and sixteen.down.block.kind == "mma"
+        assert sixteen.gate_up.fp8_activations and sixteen.down.fp8_activations
+        bf16_values = plan_moe(LayerShape(128, **QWEN3), pattern, torch.bfloat16, H100, occupancy=_h100_occupancy)
+        assert not bf16_values.gate_up.fp8_activations and not bf16_values.down.fp8_activations
+        ampere = plan_moe(LayerShape(128, **QWEN3), pattern, torch.bfloat16, A100, fp8=True)
+        assert not ampere.gate_up.fp8_activations and not ampere.down.fp8_activations
+    acts = KernelConfig(gate_up=GemmConfig(fp8_activations=True), down=GemmConfig(fp8_activations=True))
+    for tokens in (4, 16):
+        shape = LayerShape(tokens, **QWEN3)
+        default = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, fp8=True, occupancy=_h100_occupancy)
+        assert not default.gate_up.fp8_activations and not default.down.fp8_activations
+        with override_config(acts):
+            plan = plan_moe(shape, SAMOYEDS, torch.bfloat16, H100, fp8=True, occupancy=_h100_occupancy)
+        assert plan.gate_up.block.kind == "mma" and plan.down.block.kind == "mma"
+        assert plan.gate_up.fp8_activations and plan.down.fp8_activations
+        assert plan.gate_up.kernel.endswith(", false, true>") and plan.down.kernel.endswith(", false, true>")
+        assert plan.gate_up.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, true>"
+        assert plan.down.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, false>"
+        b_tile = plan.token_tile * 128  # one byte per input
+        block = plan.gate_up.block
+        assert plan.gate_up.shared_bytes == 3 * (b_tile + block.a_rows * (64 + 16)) + 1024
+        assert not plan.few_token_map
+        assert default.few_token_map == (tokens <= 8 and default.token_tile == 8)
+    for device, fp8 in [(A100, True), (H100, False)]:
+        with override_config(acts), pytest.raises(SamoyedsError, match="FP8 activations"):
+            plan_moe(LayerShape(16, **QWEN3), SAMOYEDS, torch.bfloat16, device, fp8)
+    hopper = compiled_kernels(torch.bfloat16, SAMOYEDS, "sm_90a", fp8=True)
+    assert "samoyeds::moe_gemm<__nv_bfloat16, true, true, 128, 8, true, 4, 2, false, true>" in hopper
+    ampere = compiled_kernels(torch.bfloat16, SAMOYEDS, "sm_80", fp8=True)
+    assert not [name for name in ampere if name.endswith(", true>") and "moe_gemm<" in name]
+
+
 def test_fp8_activations_only_where_the_fp8_mmas_run():
-    """FP8 x FP8 needs FP8 values, the ws kernel and segments of whole 64-input k-steps: a config asking for it
-    elsewhere is refused, and only Hopper's FP8 modules compile those kernels."""
+    """FP8 x FP8 needs FP8 values on Hopper, the ws kernel (or the decode tiles' mma kernel, above) and segments of
+    whole 64-input k-steps: a config asking for it elsewhere is refused, and only Hopper's FP8 modules compile those
+    kernels."""
     shape = LayerShape(16384, **QWEN3)
     for pattern, fp8, config in [
         (SAMOYEDS, False, GemmConfig(fp8_activations=True)),
