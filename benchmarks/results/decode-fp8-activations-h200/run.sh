@@ -24,3 +24,10 @@ for job in "mixtral-8x7b samoyeds" "qwen3-235b-a22b 2:4" "qwen3-30b-a3b samoyeds
 done
 pytest -q tests/gpu/test_kernels.py -k few_tokens > tests-few-tokens.log
 pytest -q tests/gpu/test_kernels.py -k "test_fp8_values and 64" > tests-fp8-values-64.log
+# Nsight Compute, one H200, the kernels of this commit, Mixtral T = 16 with both GEMMs FP8 x FP8 on its table's
+# splits (a table in act8/: {"16": {"gate_up": {"splits": 2, "fp8_activations": true}, "down": {"splits": 3,
+# "fp8_activations": true}}}); the bf16-activation side is ../decode-fp8-ncu-h200/ncu-mixtral-8x7b-16-fp8.txt.
+SAMOYEDS_KERNEL_CONFIG_DIR=act8 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+  --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+  --section SchedulerStats python3 benchmarks/ncu_moe.py --shape mixtral-8x7b --pattern samoyeds --tokens 16 \
+  --values fp8 > ncu-mixtral-8x7b-16-fp8-act8.txt
