@@ -31,3 +31,5 @@ SAMOYEDS_KERNEL_CONFIG_DIR=act8 ncu --clock-control none --profile-from-start of
   --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
   --section SchedulerStats python3 benchmarks/ncu_moe.py --shape mixtral-8x7b --pattern samoyeds --tokens 16 \
   --values fp8 > ncu-mixtral-8x7b-16-fp8-act8.txt
+# the JIT cost, on the CPU machine (no GPU): NVRTC 13.0 through libnvrtc
+python nvrtc_compile_time.py samoyeds,2:4 > nvrtc-compile-time.log
