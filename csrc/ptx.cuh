@@ -160,12 +160,12 @@ __device__ __forceinline__ void wgmma_sp_ss(float (&d)[N / 8][4], unsigned long 
 
 // FP8 activations: the product with both operands float8 e4m3, 64 weight rows x N tokens x 64 inputs per
 // instruction, at twice the rate of T x T (the ws kernel's wide tiles, and the decode tiles of gemm_mma.cuh: Hopper
-// has no FP8 mma.sync; ptxas turns an e4m3 mma.sp into f16 conversions and f16 MMAs). A from registers: the mma.sp m16n8k64 fragment of the warp's 16 rows
-// (a[0] row g, compressed bytes 4t .. 4t + 3 of the k-step, the first in the low byte; a[1] row g + 8; a[2], a[3]
-// bytes 16 + 4t ..), B (N tokens x 64 inputs of one byte) from 128-byte-swizzled shared memory, D as above. The
-// metadata word of lane t holds 8 consecutive 4-input groups of one row, row g + 8 (t & 1), groups 8 (t >> 1) ..:
-// not bf16's layout (tests/gpu/test_sparse_mma_layouts.py checks it). The tensor cores add the products with fewer
-// bits than fp32 (about 2^-12 of the largest output on an H100).
+// has no FP8 mma.sync; ptxas turns an e4m3 mma.sp into f16 conversions and f16 MMAs). A from registers: the mma.sp
+// m16n8k64 fragment of the warp's 16 rows (a[0] row g, compressed bytes 4t .. 4t + 3 of the k-step, the first in the
+// low byte; a[1] row g + 8; a[2], a[3] bytes 16 + 4t ..), B (N tokens x 64 inputs of one byte) from
+// 128-byte-swizzled shared memory, D as above. The metadata word of lane t holds 8 consecutive 4-input groups of one
+// row, row g + 8 (t & 1), groups 8 (t >> 1) ..: not bf16's layout (tests/gpu/test_sparse_mma_layouts.py checks it).
+// The tensor cores add the products with fewer bits than fp32 (about 2^-12 of the largest output on an H100).
 #define SAMOYEDS_WGMMA_SP_E4M3_N64                                                                                     \
   asm volatile(                                                                                                        \
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                                       \
@@ -204,7 +204,8 @@ __device__ __forceinline__ void wgmma_sp_e4m3(float (&d)[N / 8][4], const unsign
   } else if constexpr (N == 32) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
                  "wgmma.mma_async.sp.sync.aligned.m64n32k64.f32.e4m3.e4m3 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, %21, 0, p, 1, 1;\n}\n"
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+                 "{%16,%17,%18,%19}, %20, %21, 0, p, 1, 1;\n}\n"
                  : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
                    "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
                    "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
