@@ -12,11 +12,14 @@
 
 namespace samoyeds {
 
-// One warp per row, 16-byte loads, each lane's QUANTIZE_CHUNKS_IN_FLIGHT chunks of a round loaded before any is
-// used: a row of up to 32 x 8 chunks (2048 inputs of bf16: Qwen3's hidden size and the intermediate sizes of every
-// preset up to 2048) is read once, in one round trip, and quantized from registers; a longer row is read in rounds,
-// twice (its magnitude, then its bytes). A loop with one load per iteration waited for a round trip per chunk.
-template <typename T, bool GATE_UP>
+// ROW_WARPS warps per row, 16-byte loads, each thread's QUANTIZE_CHUNKS_IN_FLIGHT chunks of a round loaded before
+// any is used: a row of up to 32 x ROW_WARPS x 8 chunks is read once, in one round trip, and quantized from
+// registers; a longer row is read in rounds, twice (its magnitude, then its bytes). A loop with one load per
+// iteration waited for a round trip per chunk. One warp a row (ROW_WARPS = 1: 2048 bf16 inputs a round) when rows
+// are many; a block a row (ROW_WARPS = the block's warps, their maxima met in shared memory) when they are few
+// (plan.quantize_rows_kernel): a decode step's handful of rows then has 8x the warps, and a 14336-input row
+// (Mixtral's intermediate) one round instead of 7 read twice (12.2 us for its 32 rows at T = 16 one warp a row).
+template <typename T, bool GATE_UP, int ROW_WARPS>
 __global__ void quantize_rows(const __grid_constant__ MoEParams p) {
   // x comes from before the routing index, the kernel launched just before this one: quantizing it needs nothing
   // that kernel writes, so the wait comes at the end (this kernel's end then still implies the index's). act is
@@ -26,22 +29,27 @@ __global__ void quantize_rows(const __grid_constant__ MoEParams p) {
   uint8_t* __restrict__ dst = static_cast<uint8_t*>(GATE_UP ? p.x_fp8 : p.act_fp8);
   float* __restrict__ scale = GATE_UP ? p.x_scale : p.act_scale;
   const int rows = GATE_UP ? p.tokens : p.slots, K = GATE_UP ? p.hidden : p.inter;  // K: whole k tiles of BK
-  constexpr int WARPS = ELEMENTWISE_THREADS / 32, U = QUANTIZE_CHUNKS_IN_FLIGHT, ROUND = 32 * U;
-  const int lane = threadIdx.x & 31, chunks = K / 8;
-  for (int row = blockIdx.x * WARPS + threadIdx.x / 32; row < rows; row += gridDim.x * WARPS) {
+  constexpr int WARPS = ELEMENTWISE_THREADS / 32, U = QUANTIZE_CHUNKS_IN_FLIGHT;
+  static_assert(ROW_WARPS == 1 || ROW_WARPS == WARPS, "a warp or the whole block a row");
+  constexpr int ROW_THREADS = 32 * ROW_WARPS, ROUND = ROW_THREADS * U, ROWS_PER_BLOCK = WARPS / ROW_WARPS;
+  __shared__ float warp_amax[ROW_WARPS];  // a block a row: each warp's largest magnitude
+  const int lane = threadIdx.x & 31, lid = threadIdx.x % ROW_THREADS, chunks = K / 8;
+  // A block a row: every thread of the block takes the same rows (the barriers below need that).
+  for (int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / ROW_THREADS; row < rows;
+       row += gridDim.x * ROWS_PER_BLOCK) {
     const uint4* in = reinterpret_cast<const uint4*>(src + (size_t)row * K);
-    uint4 v[U];  // the round's chunks (lane + 32 u); a one-round row keeps them for the bytes
+    uint4 v[U];  // the round's chunks (lid + ROW_THREADS u); a one-round row keeps them for the bytes
     auto load_round = [&](int base) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (base + 32 * u + lane < chunks) v[u] = in[base + 32 * u + lane];
+        if (base + ROW_THREADS * u + lid < chunks) v[u] = in[base + ROW_THREADS * u + lid];
     };
     float amax = 0.0f;
     for (int base = 0; base < chunks; base += ROUND) {
       load_round(base);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (base + 32 * u + lane < chunks) {
+        if (base + ROW_THREADS * u + lid < chunks) {
           const T* e = reinterpret_cast<const T*>(&v[u]);
 #pragma unroll
           for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf((float)e[i]));
@@ -50,14 +58,20 @@ __global__ void quantize_rows(const __grid_constant__ MoEParams p) {
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if constexpr (ROW_WARPS > 1) {
+      if (lane == 0) warp_amax[threadIdx.x / 32] = amax;
+      __syncthreads();
+#pragma unroll
+      for (int w = 0; w < ROW_WARPS; ++w) amax = fmaxf(amax, warp_amax[w]);
+    }
     const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
-    if (lane == 0) scale[row] = amax / 448.0f;
+    if (lid == 0) scale[row] = amax / 448.0f;
     uint2* out = reinterpret_cast<uint2*>(dst + (size_t)row * K);
     for (int base = 0; base < chunks; base += ROUND) {
       if (chunks > ROUND) load_round(base);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int c = base + 32 * u + lane;
+        const int c = base + ROW_THREADS * u + lid;
         if (c < chunks) {
           const T* e = reinterpret_cast<const T*>(&v[u]);
           unsigned word[2];
@@ -69,6 +83,7 @@ __global__ void quantize_rows(const __grid_constant__ MoEParams p) {
         }
       }
     }
+    if constexpr (ROW_WARPS > 1) __syncthreads();  // every warp has read warp_amax before the next row writes it
   }
   if (GATE_UP) grid_dependency_wait();
 }

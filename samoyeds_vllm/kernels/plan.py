@@ -350,9 +350,23 @@ def fp8_activations_default(block: BlockShape, pattern: Pattern, fp8: bool, hopp
     return (block.kind == "ws" or mma16) and fp8_activations_allowed(block, pattern, fp8, hopper)
 
 
+def quantize_row_warps(rows: int, sms: int) -> int:
+    """Warps of quantize_rows per row (csrc/quantize.cuh): the whole block's while one block a row fits one wave
+    (8 blocks of ELEMENTWISE_THREADS threads fill an SM), so a decode step's few rows get 8x the warps and a long row
+    one round; one warp a row past that, where the rows alone fill the GPU. One warp a row made 32 rows of 14336
+    inputs (Mixtral's intermediate, T = 16) take 12.2 µs under ncu (docs/benchmarks.md, "FP8 x FP8 in the decode
+    tiles")."""
+    return ELEMENTWISE_THREADS // 32 if rows <= 8 * sms else 1
+
+
+def quantize_kernel(dtype: torch.dtype, gate_up: bool, rows: int, sms: int) -> str:
+    return template_name("quantize_rows", dtype, gate_up, quantize_row_warps(rows, sms))
+
+
 def quantize_grid(rows: int, sms: int) -> tuple[int, int, int]:
-    """quantize_rows: one warp per row, ELEMENTWISE_THREADS / 32 rows per block, at most 16 blocks per SM."""
-    return (max(1, min(-(-rows // (ELEMENTWISE_THREADS // 32)), 16 * sms)), 1, 1)
+    """quantize_rows: quantize_row_warps warps a row, at most 16 blocks per SM (a grid-stride loop over the rest)."""
+    rows_per_block = ELEMENTWISE_THREADS // 32 // quantize_row_warps(rows, sms)
+    return (max(1, min(-(-rows // rows_per_block), 16 * sms)), 1, 1)
 
 
 def num_tiles(slots: int, num_experts: int, token_tile: int) -> int:
@@ -546,6 +560,7 @@ def _plan(
                 f"whole warpgroups, and segments of whole 64-input k-steps (here: {'FP8' if fp8 else 'non-FP8'} "
                 f"values on {device.arch}, a {block.kind} block of {block.warps} warps, {pattern})"
             )
+        b_rows = shape.tokens if gate_up else slots  # the rows of x or act the GEMM reads (and quantize_rows copies)
         return GemmPlan(
             gate_up,
             block,
@@ -556,8 +571,8 @@ def _plan(
             block.threads,
             block.shared_bytes(token_tile, fp8, fp8_acts),
             fp8_acts,
-            template_name("quantize_rows", dtype, gate_up) if fp8_acts else None,
-            quantize_grid(shape.tokens if gate_up else slots, device.sms),
+            quantize_kernel(dtype, gate_up, b_rows, device.sms) if fp8_acts else None,
+            quantize_grid(b_rows, device.sms),
         )
 
     gate_up, down = gemm(True, config.gate_up), gemm(False, config.down)
@@ -664,7 +679,8 @@ def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool 
         for fp8_acts in {False, fp8_activations_allowed(block, pattern, fp8, hopper)}
     ]
     if fp8 and hopper:
-        names += [template_name("quantize_rows", dtype, gate_up) for gate_up in (True, False)]
+        row_warps = {1, ELEMENTWISE_THREADS // 32}
+        names += [template_name("quantize_rows", dtype, gate_up, w) for gate_up in (True, False) for w in row_warps]
     names += [one_token_block(gate_up).kernel_name(dtype, pattern, 1, gate_up, fp8) for gate_up in (True, False)]
     names += [template_name(k) for k in ("build_routing_index", "count_slots", "scatter_slots")]
     names.append(template_name("silu_mul_splits", dtype))

@@ -14,7 +14,14 @@ from samoyeds_vllm.format import PackedWeight, Pattern
 from samoyeds_vllm.kernels import GemmConfig, KernelConfig, LayerShape, override_config, plan_moe, prepare_weights
 from samoyeds_vllm.kernels import plan as kernel_plan
 from samoyeds_vllm.kernels.geometry import BlockShape
-from samoyeds_vllm.kernels.plan import Device, compiled_kernels, splits_heuristic, token_tile_heuristic
+from samoyeds_vllm.kernels.plan import (
+    Device,
+    compiled_kernels,
+    quantize_grid,
+    quantize_row_warps,
+    splits_heuristic,
+    token_tile_heuristic,
+)
 
 SMS = 132  # H100 SXM
 H100 = Device("NVIDIA H100 80GB HBM3", (9, 0), SMS, "sm_90a")
@@ -121,10 +128,10 @@ def test_fp8_values_run_the_same_kernels_with_their_flag():
     assert prefill.gate_up.fp8_activations and prefill.down.fp8_activations
     assert prefill.gate_up.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, true, false, 128, 128, true, true>"
     assert prefill.gate_up.shared_bytes == 4 * (128 * 128 + 256 * 64 + 256 * 16) + 1024
-    assert prefill.gate_up.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, true>"
+    assert prefill.gate_up.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, true, 1>"
     assert prefill.gate_up.quantize_grid == (16384 // 8, 1, 1)  # a warp per row, 8 per block
     assert prefill.down.quantize_grid == (16 * SMS, 1, 1)  # 8 x 16384 rows: at most 16 blocks per SM
-    assert prefill.down.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, false>"
+    assert prefill.down.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, false, 1>"
     samoyeds = plan_moe(LayerShape(16384, **QWEN3), SAMOYEDS, torch.bfloat16, H100, fp8=True)
     assert samoyeds.down.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, true, true, 128, 64, false, true>"
     assert samoyeds.down.shared_bytes == 6 * (64 * 128 + 256 * 64 + 256 * 16) + 1024
@@ -167,8 +174,10 @@ def test_decode_tiles_multiply_fp8_activations_where_a_config_asks():
         assert plan.gate_up.block.kind == "mma" and plan.down.block.kind == "mma"
         assert plan.gate_up.fp8_activations and plan.down.fp8_activations
         assert plan.gate_up.kernel.endswith(", false, true>") and plan.down.kernel.endswith(", false, true>")
-        assert plan.gate_up.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, true>"
-        assert plan.down.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, false>"
+        # a decode step's few rows: a block a row (8 warps)
+        assert plan.gate_up.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, true, 8>"
+        assert plan.down.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, false, 8>"
+        assert plan.gate_up.quantize_grid == (tokens, 1, 1) and plan.down.quantize_grid == (8 * tokens, 1, 1)
         b_tile = plan.token_tile * 128  # one byte per input
         block = plan.gate_up.block
         assert plan.gate_up.shared_bytes == 3 * (b_tile + block.a_rows * (64 + 16)) + 1024
@@ -181,6 +190,15 @@ def test_decode_tiles_multiply_fp8_activations_where_a_config_asks():
     assert "samoyeds::moe_gemm<__nv_bfloat16, true, true, 128, 8, true, 4, 2, false, true>" in hopper
     ampere = compiled_kernels(torch.bfloat16, SAMOYEDS, "sm_80", fp8=True)
     assert not [name for name in ampere if name.endswith(", true>") and "moe_gemm<" in name]
+
+
+def test_quantize_rows_takes_a_block_a_row_while_the_rows_fit_one_wave():
+    """quantize_rows: a block (8 warps) a row while one block a row fits one wave of 8 blocks per SM, else a warp a
+    row in blocks of 8 rows, at most 16 blocks per SM."""
+    assert [quantize_row_warps(rows, SMS) for rows in (1, 16, 8 * SMS, 8 * SMS + 1, 16384)] == [8, 8, 8, 1, 1]
+    assert quantize_grid(16, SMS) == (16, 1, 1) and quantize_grid(8 * SMS, SMS) == (8 * SMS, 1, 1)
+    assert quantize_grid(8 * SMS + 1, SMS) == (-(-(8 * SMS + 1) // 8), 1, 1)
+    assert quantize_grid(16384 * 8, SMS) == (16 * SMS, 1, 1)
 
 
 def test_fp8_activations_only_where_the_fp8_mmas_run():
@@ -198,7 +216,8 @@ def test_fp8_activations_only_where_the_fp8_mmas_run():
     assert not plan_moe(shape, Pattern.parse("samoyeds", 32), torch.bfloat16, H100, True).gate_up.fp8_activations
     hopper = compiled_kernels(torch.bfloat16, SAMOYEDS, "sm_90a", fp8=True)
     assert "samoyeds::moe_gemm_ws<__nv_bfloat16, true, true, 128, 64, true, true>" in hopper
-    assert "samoyeds::quantize_rows<__nv_bfloat16, false>" in hopper
+    assert "samoyeds::quantize_rows<__nv_bfloat16, false, 1>" in hopper
+    assert "samoyeds::quantize_rows<__nv_bfloat16, false, 8>" in hopper
     for arch, fp8 in [("sm_90a", False), ("sm_80", True)]:
         names = compiled_kernels(torch.bfloat16, SAMOYEDS, arch, fp8)
         assert not [k for k in names if "quantize_rows" in k or ("moe_gemm_ws" in k and k.endswith(", true>"))]
