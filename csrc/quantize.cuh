@@ -15,9 +15,9 @@ namespace samoyeds {
 // ROW_WARPS warps per row, 16-byte loads, each thread's QUANTIZE_CHUNKS_IN_FLIGHT chunks of a round loaded before
 // any is used: a row of up to 32 x ROW_WARPS x 8 chunks is read once, in one round trip, and quantized from
 // registers; a longer row is read in rounds, twice (its magnitude, then its bytes). A loop with one load per
-// iteration waited for a round trip per chunk. One warp a row (ROW_WARPS = 1: 2048 bf16 inputs a round) when rows
-// are many; a block a row (ROW_WARPS = the block's warps, their maxima met in shared memory) when they are few
-// (plan.quantize_rows_kernel): a decode step's handful of rows then has 8x the warps, and a 14336-input row
+// iteration waited for a round trip per chunk. One warp a row (ROW_WARPS = 1: 2048 bf16 inputs a round) for rows
+// that short or that many; a block a row (ROW_WARPS = the block's warps, their maxima met in shared memory) for a
+// few long rows (plan.quantize_row_warps): a decode step's rows then have 8x the warps, and a 14336-input row
 // (Mixtral's intermediate) one round instead of 7 read twice (12.2 us for its 32 rows at T = 16 one warp a row).
 template <typename T, bool GATE_UP, int ROW_WARPS>
 __global__ void quantize_rows(const __grid_constant__ MoEParams p) {

@@ -31,6 +31,7 @@ from .geometry import (
     FEW_TOKENS,
     MAX_EXPERTS,
     MAX_SPLITS,
+    QUANTIZE_CHUNKS_IN_FLIGHT,
     ROUTE_CHUNK,
     SLAB_ROWS,
     SUM_VEC,
@@ -350,22 +351,24 @@ def fp8_activations_default(block: BlockShape, pattern: Pattern, fp8: bool, hopp
     return (block.kind == "ws" or mma16) and fp8_activations_allowed(block, pattern, fp8, hopper)
 
 
-def quantize_row_warps(rows: int, sms: int) -> int:
-    """Warps of quantize_rows per row (csrc/quantize.cuh): the whole block's while one block a row fits one wave
-    (8 blocks of ELEMENTWISE_THREADS threads fill an SM), so a decode step's few rows get 8x the warps and a long row
-    one round; one warp a row past that, where the rows alone fill the GPU. One warp a row made 32 rows of 14336
-    inputs (Mixtral's intermediate, T = 16) take 12.2 µs under ncu (docs/benchmarks.md, "FP8 x FP8 in the decode
-    tiles")."""
-    return ELEMENTWISE_THREADS // 32 if rows <= 8 * sms else 1
+def quantize_row_warps(rows: int, k: int, sms: int) -> int:
+    """Warps of quantize_rows per row (csrc/quantize.cuh): the whole block's for rows longer than one warp's round
+    (32 x QUANTIZE_CHUNKS_IN_FLIGHT chunks of 8: 2048 inputs) while one block a row fits one wave (54-59 registers
+    a thread: 4 blocks of ELEMENTWISE_THREADS threads an SM), so a decode step's few long rows get 8x the warps and
+    one round each; else one warp a row (a shorter row is read once either way, and many rows fill the GPU alone).
+    One warp a row made 32 rows of 14336 inputs (Mixtral's intermediate, T = 16) take 12.2 µs under ncu (docs/
+    benchmarks.md, "FP8 x FP8 in the decode tiles")."""
+    long_rows = k // 8 > 32 * QUANTIZE_CHUNKS_IN_FLIGHT
+    return ELEMENTWISE_THREADS // 32 if long_rows and rows <= 4 * sms else 1
 
 
-def quantize_kernel(dtype: torch.dtype, gate_up: bool, rows: int, sms: int) -> str:
-    return template_name("quantize_rows", dtype, gate_up, quantize_row_warps(rows, sms))
+def quantize_kernel(dtype: torch.dtype, gate_up: bool, rows: int, k: int, sms: int) -> str:
+    return template_name("quantize_rows", dtype, gate_up, quantize_row_warps(rows, k, sms))
 
 
-def quantize_grid(rows: int, sms: int) -> tuple[int, int, int]:
+def quantize_grid(rows: int, k: int, sms: int) -> tuple[int, int, int]:
     """quantize_rows: quantize_row_warps warps a row, at most 16 blocks per SM (a grid-stride loop over the rest)."""
-    rows_per_block = ELEMENTWISE_THREADS // 32 // quantize_row_warps(rows, sms)
+    rows_per_block = ELEMENTWISE_THREADS // 32 // quantize_row_warps(rows, k, sms)
     return (max(1, min(-(-rows // rows_per_block), 16 * sms)), 1, 1)
 
 
@@ -560,7 +563,8 @@ def _plan(
                 f"whole warpgroups, and segments of whole 64-input k-steps (here: {'FP8' if fp8 else 'non-FP8'} "
                 f"values on {device.arch}, a {block.kind} block of {block.warps} warps, {pattern})"
             )
-        b_rows = shape.tokens if gate_up else slots  # the rows of x or act the GEMM reads (and quantize_rows copies)
+        # the rows of x or act the GEMM reads (and quantize_rows copies), of b_k inputs
+        b_rows, b_k = (shape.tokens, shape.hidden) if gate_up else (slots, shape.inter)
         return GemmPlan(
             gate_up,
             block,
@@ -571,8 +575,8 @@ def _plan(
             block.threads,
             block.shared_bytes(token_tile, fp8, fp8_acts),
             fp8_acts,
-            quantize_kernel(dtype, gate_up, b_rows, device.sms) if fp8_acts else None,
-            quantize_grid(b_rows, device.sms),
+            quantize_kernel(dtype, gate_up, b_rows, b_k, device.sms) if fp8_acts else None,
+            quantize_grid(b_rows, b_k, device.sms),
         )
 
     gate_up, down = gemm(True, config.gate_up), gemm(False, config.down)

@@ -174,10 +174,9 @@ def test_decode_tiles_multiply_fp8_activations_where_a_config_asks():
         assert plan.gate_up.block.kind == "mma" and plan.down.block.kind == "mma"
         assert plan.gate_up.fp8_activations and plan.down.fp8_activations
         assert plan.gate_up.kernel.endswith(", false, true>") and plan.down.kernel.endswith(", false, true>")
-        # a decode step's few rows: a block a row (8 warps)
-        assert plan.gate_up.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, true, 8>"
-        assert plan.down.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, false, 8>"
-        assert plan.gate_up.quantize_grid == (tokens, 1, 1) and plan.down.quantize_grid == (8 * tokens, 1, 1)
+        # Qwen3's rows (2048 and 768 inputs) are one warp's round: a warp a row
+        assert plan.gate_up.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, true, 1>"
+        assert plan.down.quantize_kernel == "samoyeds::quantize_rows<__nv_bfloat16, false, 1>"
         b_tile = plan.token_tile * 128  # one byte per input
         block = plan.gate_up.block
         assert plan.gate_up.shared_bytes == 3 * (b_tile + block.a_rows * (64 + 16)) + 1024
@@ -192,13 +191,17 @@ def test_decode_tiles_multiply_fp8_activations_where_a_config_asks():
     assert not [name for name in ampere if name.endswith(", true>") and "moe_gemm<" in name]
 
 
-def test_quantize_rows_takes_a_block_a_row_while_the_rows_fit_one_wave():
-    """quantize_rows: a block (8 warps) a row while one block a row fits one wave of 8 blocks per SM, else a warp a
-    row in blocks of 8 rows, at most 16 blocks per SM."""
-    assert [quantize_row_warps(rows, SMS) for rows in (1, 16, 8 * SMS, 8 * SMS + 1, 16384)] == [8, 8, 8, 1, 1]
-    assert quantize_grid(16, SMS) == (16, 1, 1) and quantize_grid(8 * SMS, SMS) == (8 * SMS, 1, 1)
-    assert quantize_grid(8 * SMS + 1, SMS) == (-(-(8 * SMS + 1) // 8), 1, 1)
-    assert quantize_grid(16384 * 8, SMS) == (16 * SMS, 1, 1)
+def test_quantize_rows_takes_a_block_a_row_for_a_few_long_rows():
+    """quantize_rows: a block (8 warps) a row for rows longer than one warp's round (2048 inputs) while one block a
+    row fits one wave (4 blocks an SM), else a warp a row in blocks of 8 rows, at most 16 blocks per SM."""
+    rows = (1, 32, 4 * SMS, 4 * SMS + 1, 16384)
+    assert [quantize_row_warps(r, 14336, SMS) for r in rows] == [8, 8, 8, 1, 1]  # Mixtral's intermediate
+    assert [quantize_row_warps(r, 2048, SMS) for r in rows] == [1] * 5  # one warp's round: read once either way
+    assert quantize_row_warps(16, 4096, SMS) == 8
+    assert quantize_grid(32, 14336, SMS) == (32, 1, 1) and quantize_grid(4 * SMS, 4096, SMS) == (4 * SMS, 1, 1)
+    assert quantize_grid(32, 768, SMS) == (4, 1, 1)
+    assert quantize_grid(4 * SMS + 1, 4096, SMS) == (-(-(4 * SMS + 1) // 8), 1, 1)
+    assert quantize_grid(16384 * 8, 4096, SMS) == (16 * SMS, 1, 1)
 
 
 def test_fp8_activations_only_where_the_fp8_mmas_run():
