@@ -38,9 +38,8 @@ ROUTE_CHUNK = CONSTANTS["ROUTE_CHUNK"]
 SUM_VEC = CONSTANTS["SUM_VEC"]
 MAX_SPLITS = CONSTANTS["MAX_SPLITS"]  # split-K factor cap
 ELEMENTWISE_THREADS = CONSTANTS["ELEMENTWISE_THREADS"]
-QUANTIZE_CHUNKS_IN_FLIGHT = CONSTANTS[
-    "QUANTIZE_CHUNKS_IN_FLIGHT"
-]  # 16-byte chunks of a row each thread of quantize_rows loads together
+# 16-byte chunks of a row each thread of quantize_rows loads together
+QUANTIZE_CHUNKS_IN_FLIGHT = CONSTANTS["QUANTIZE_CHUNKS_IN_FLIGHT"]
 FEW_TOKENS = CONSTANTS["FEW_TOKENS"]  # batches whose GEMM 1 may map itself (csrc/few_tokens.cuh) ...
 FEW_TOKEN_SLOTS = CONSTANTS["FEW_TOKEN_SLOTS"]  # ... with at most these slots
 ONE_TOKEN_STAGES = CONSTANTS["ONE_TOKEN_STAGES"]  # depth of each warp's ring in the layer of one token
