@@ -2,7 +2,8 @@
 and optionally writes the best of each token count as a tuned table that the kernels then read.
 
     python benchmarks/tune_kernels.py [--shapes qwen3-30b-a3b,...] [--patterns samoyeds,2:4] [--tokens 1,2,4,8,16]
-        [--search splits|blocks|tiles|activations|all] [--values bf16|fp8] [--json FILE] [--write-tables DIR]
+        [--search splits|blocks|tiles|activations|all] [--values bf16|fp8] [--token-tile N] [--json FILE]
+        [--write-tables DIR]
 
 One problem per (shape, pattern, T). Every config is checked against the fp32 reference (with the activations
 quantized where the config multiplies FP8 copies of them), then timed in two rounds (all configs, then all again),
@@ -11,8 +12,9 @@ one. "splits" tries split-K factors (1, 2, 4) for gate/up x (1, 3) for down (nev
 "blocks" tries every compiled block shape of each GEMM at the heuristics' token tile; "tiles" tries every compiled
 token tile (each with its preferred block shapes and the split-K rule); "activations" (FP8 values)
 tries each GEMM with and without FP8 copies of its activations (FP8 x FP8 MMAs) where its block can, on top of the
-shipped table's entry where there is one (so a tuned split keeps its place). The JSON also
-records each config's error against the same layer with bf16 values (same seed: FP8 values' whole error).
+shipped table's entry where there is one (so a tuned split keeps its place). --token-tile N searches within tiles
+of N tokens (every config but "default", the heuristics' plan). The JSON records each config as a table entry, and
+its error against the same layer with bf16 values (same seed: FP8 values' whole error).
 --write-tables writes, per (shape, pattern), the best config of each token count in the format and file name of
 configs/kernels/README.md; put them under configs/kernels/ (shipped) or point $SAMOYEDS_KERNEL_CONFIG_DIR at DIR.
 """
@@ -51,10 +53,12 @@ def candidates(
     fp8: bool,
     one_token: bool = False,
     tuned: KernelConfig | None = None,
+    token_tile: int | None = None,
 ) -> list[tuple[str, KernelConfig]]:
     """(name, KernelConfig) to time. plan: the general path's plan (at one token "default" is the one-token kernels,
     and "general path" the heuristics' choices of the general path); tuned: the shipped table's entry, if any (the
-    activations search varies it, so a tuned split keeps its place)."""
+    activations search varies it, so a tuned split keeps its place); token_tile: every searched config in tiles of
+    that many tokens (plan already made with it), e.g. the split-K factors of a tile the heuristics do not pick."""
     samoyeds = pattern.is_samoyeds
     out = [("default", KernelConfig())]  # the heuristics (no tuned table)
     if one_token:
@@ -86,6 +90,9 @@ def candidates(
                 gate_up, down = (replace(c, fp8_activations=a) for c, a in gemms)
                 name += " (tuned table's entry)" if tuned is not None else ""
                 out.append((name, KernelConfig(base.token_tile, gate_up, down)))
+    if token_tile is not None:  # "default" stays the heuristics' plan, the reference of the rest
+        tiled = [(f"{name} (token tile {token_tile})", replace(c, token_tile=token_tile)) for name, c in out[1:]]
+        out = out[:1] + tiled
     return list(dict(out).items())
 
 
@@ -96,6 +103,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,2,4,8,16")
     parser.add_argument("--search", default="splits", choices=["splits", "blocks", "tiles", "activations", "all"])
     parser.add_argument("--values", default="bf16", choices=["bf16", "fp8"], help="the packed values' type")
+    parser.add_argument("--token-tile", type=int, help="search within token tiles of this width (default: the plan's)")
     parser.add_argument("--json", help="write every timing here")
     parser.add_argument("--write-tables", metavar="DIR", help="write the best config per token count as tables")
     args = parser.parse_args()
@@ -109,8 +117,8 @@ def main() -> None:
         layer = LayerShape(tokens, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate)
         one_token = one_token_refusal(layer) is None  # the one-token kernels can run (whatever a table's entry says)
         plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device, fp8)
-        if plan.one_token:  # the general path's choices are the ones to vary
-            with kernels.override_config(KernelConfig(one_token=False)):
+        if plan.one_token or args.token_tile:  # the general path's choices (in the asked tiles) are the ones to vary
+            with kernels.override_config(KernelConfig(args.token_tile, one_token=False)):
                 plan = kernels.plan_moe(layer, pattern, torch.bfloat16, device, fp8)
         problem = make_problem(shape, pattern, tokens, seed=tokens, values=FP8 if fp8 else None)
         # The references of the problem's (dequantized) weights, per choice of FP8 activations; with FP8 values
@@ -119,7 +127,7 @@ def main() -> None:
         unquantized = reference(make_problem(shape, pattern, tokens, seed=tokens)) if fp8 else None
         k_tiles = (shape.hidden // 128, shape.intermediate // 128)
         tuned = tuned_config(layer, pattern, torch.bfloat16, device, fp8)
-        configs = candidates(plan, k_tiles, pattern, device.hopper, args.search, fp8, one_token, tuned)
+        configs = candidates(plan, k_tiles, pattern, device.hopper, args.search, fp8, one_token, tuned, args.token_tile)
         cells: dict[str, list[float]] = {}
         errors: dict[str, float] = {}
         for rnd in range(2):
@@ -143,7 +151,7 @@ def main() -> None:
         rows.append(
             {"shape": shape_name, "pattern": str(pattern), "values": args.values, "tokens": tokens, "us": cells}
             | ({"rel_err_unquantized": errors} if errors else {})
-            | {"best": best}
+            | {"best": best, "configs": {name: config.to_json() for name, config in configs}}
         )
         best_config = dict(configs)[best]  # {} in the table: the heuristics won
         tables.setdefault(table_name(layer, pattern, torch.bfloat16, device, fp8), {})[str(tokens)] = (

@@ -80,3 +80,18 @@ def test_the_tiles_search_tries_every_compiled_token_tile_and_each_plans():
                 assert plan_moe(LayerShape(1024, **QWEN3), pattern, torch.bfloat16, H100, True).token_tile == (
                     config.token_tile
                 )
+
+
+def test_a_search_within_a_token_tile_keeps_that_tile_in_every_config_but_the_default():
+    """--token-tile: e.g. the split-K factors of the 16-token tiles where the heuristics pick 8-token ones."""
+    pattern, layer = Pattern.parse("samoyeds"), LayerShape(16, **QWEN3)
+    with override_config(KernelConfig(16, one_token=False)):
+        plan = plan_moe(layer, pattern, torch.bfloat16, H100, True)
+    configs = dict(tune_kernels.candidates(plan, K_TILES, pattern, True, "splits", True, token_tile=16))
+    assert configs.pop("default") == KernelConfig()
+    assert len(configs) == 6 and all(name.endswith("(token tile 16)") for name in configs)
+    for config in configs.values():
+        with override_config(config):
+            planned = plan_moe(layer, pattern, torch.bfloat16, H100, True)
+        assert planned.token_tile == 16
+        assert (planned.gate_up.splits, planned.down.splits) == (config.gate_up.splits, config.down.splits)
