@@ -26,7 +26,7 @@ from samoyeds_vllm.kernels import LayerShape
 from samoyeds_vllm.kernels.plan import Device, table_name
 from samoyeds_vllm.tools.presets import preset_shape
 
-SHIPPED = Path(__file__).parents[1] / "samoyeds_vllm" / "configs" / "kernels"
+SHIPPED = Path(__file__).parents[1] / "configs" / "kernels"
 
 
 def parse_pattern(text: str) -> Pattern:

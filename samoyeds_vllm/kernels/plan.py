@@ -343,10 +343,10 @@ def fp8_activations_default(block: BlockShape, pattern: Pattern, fp8: bool, hopp
     `tune_kernels.py --search activations`, benchmarks/results/decode-fp8-activations-h200/: Qwen3-30B-A3B T = 128
     samoyeds 78.4 against 79.8 µs with bf16 activations, Mixtral T = 32 150.1 / 169.4, Qwen3-235B-A22B T = 128
     214.4 / 245.1, Qwen1.5-MoE T = 64 60.5 / 72.0); OLMoE samoyeds tied (0.985x) and DeepSeek-V2-Lite samoyeds lost
-    (0.95-0.97x: its tuned table keeps GEMM 1 on bf16 activations). The 8-token tiles keep bf16 activations: there
-    both GEMMs FP8 x FP8 ran 0.86-1.08x as fast (ncu, Mixtral T = 16: the two quantize kernels, one warp a row,
-    took 17.8 µs against the down projection's 9.6 µs gain), so only tuned tables ask for it, where it won by 3%
-    or more."""
+    (0.95-0.97x: its tuned table keeps GEMM 1 on bf16 activations). The 8-token tiles keep bf16 activations: with
+    the quantize kernels a block a row (quantize_row_warps) both GEMMs FP8 x FP8 there ran 0.87-1.00x as fast on
+    Qwen3-30B-A3B (T = 4-32, either pattern), 0.95-1.09x on Qwen3-235B-A22B and 0.99-1.14x on Mixtral (14336-input
+    rows), so tuned tables ask for it where it won (docs/benchmarks.md, "Decode tables on an H200")."""
     mma16 = block.kind == "mma" and token_tile == 16
     return (block.kind == "ws" or mma16) and fp8_activations_allowed(block, pattern, fp8, hopper)
 
@@ -356,8 +356,8 @@ def quantize_row_warps(rows: int, k: int, sms: int) -> int:
     (32 x QUANTIZE_CHUNKS_IN_FLIGHT chunks of 8: 2048 inputs) while one block a row fits one wave (54-59 registers
     a thread: 4 blocks of ELEMENTWISE_THREADS threads an SM), so a decode step's few long rows get 8x the warps and
     one round each; else one warp a row (a shorter row is read once either way, and many rows fill the GPU alone).
-    One warp a row made 32 rows of 14336 inputs (Mixtral's intermediate, T = 16) take 12.2 µs under ncu (docs/
-    benchmarks.md, "FP8 x FP8 in the decode tiles")."""
+    Under ncu at Mixtral T = 16 (H200), 32 rows of 14336 inputs (its intermediate) took 12.2 µs one warp a row and
+    4.2 µs a block a row, 16 rows of 4096 5.7 and 3.7 µs (docs/benchmarks.md, "Decode tables on an H200")."""
     long_rows = k // 8 > 32 * QUANTIZE_CHUNKS_IN_FLIGHT
     return ELEMENTWISE_THREADS // 32 if long_rows and rows <= 4 * sms else 1
 

@@ -419,10 +419,11 @@ def test_the_shipped_deepseek_v3_table_takes_64_token_tiles_where_measured(monke
 
 
 def test_the_shipped_h200_tables_split_k_at_decode_where_measured(monkeypatch):
-    """configs/kernels/ holds H200 split-K factors for Qwen3-30B-A3B's and Mixtral-8x7B's FP8 samoyeds layers at
-    decode, where a split clearly beat the heuristics (benchmarks/results/decode-splits-h200/); the other measured
-    sizes, and Mixtral's T = 5 (measured by neither run), take the heuristics' factors (the same as a GPU of the
-    H200's SMs without a table); sizes between take the nearest entry, ties the smaller."""
+    """configs/kernels/ holds H200 decode entries for Qwen3-30B-A3B's and Mixtral-8x7B's FP8 samoyeds layers where a
+    choice clearly beat the heuristics (benchmarks/results/decode-splits-h200/, decode-tables-h200/): split-K
+    factors, 16-token tiles where the heuristics pick 8-token ones (Mixtral T = 5, 12, 16), FP8 copies of the
+    activations in the 8-token tiles (Mixtral T = 2-8). The other measured sizes take the heuristics' factors (the
+    same as a GPU of the H200's SMs without a table); sizes between take the nearest entry, ties the smaller."""
     monkeypatch.delenv(kernel_plan.CONFIG_DIR_ENV, raising=False)
     kernel_plan._read_table.cache_clear()
     untuned = Device("an H200 without tables", (9, 0), 132, "sm_90a")
@@ -431,14 +432,52 @@ def test_the_shipped_h200_tables_split_k_at_decode_where_measured(monkeypatch):
         plan = plan_moe(LayerShape(tokens, **shape), SAMOYEDS, torch.bfloat16, device, True)
         return plan.gate_up.splits, plan.down.splits
 
+    def tile_and_acts(tokens: int) -> tuple[int, bool, bool]:
+        plan = plan_moe(LayerShape(tokens, **MIXTRAL), SAMOYEDS, torch.bfloat16, H200, True)
+        return plan.token_tile, plan.gate_up.fp8_activations, plan.down.fp8_activations
+
     assert splits(3, QWEN3) == (4, 1) and splits(4, QWEN3) == (2, 1)
     for tokens in (1, 2, 5, 6, 8, 16):
         assert splits(tokens, QWEN3) == splits(tokens, QWEN3, untuned), tokens
-    measured = {3: (4, 3), 4: (4, 3), 8: (1, 3), 12: (4, 3), 16: (2, 3), 24: (2, 3)}  # 24: the entry of 16
+    measured = {3: (4, 3), 4: (4, 3), 5: (1, 3), 8: (1, 3), 12: (1, 3), 16: (1, 3), 24: (1, 3)}  # 24: 16's entry
     assert {t: splits(t, MIXTRAL) for t in measured} == measured
-    assert splits(10, MIXTRAL) == (1, 3) and splits(14, MIXTRAL) == (4, 3)  # ties: the smaller entry
-    for tokens in (1, 2, 5, 6, 7, 32):
+    assert splits(10, MIXTRAL) == (1, 3) and splits(7, MIXTRAL) == splits(7, MIXTRAL, untuned)  # ties: the smaller
+    for tokens in (1, 2, 6, 32):
         assert splits(tokens, MIXTRAL) == splits(tokens, MIXTRAL, untuned), tokens
+    # the 16-token tiles take FP8 copies by default; the 8-token tiles where the table says
+    assert {t: tile_and_acts(t) for t in (2, 3, 5, 6, 8, 12, 16)} == {
+        2: (8, True, True),
+        3: (8, False, True),
+        5: (16, True, True),
+        6: (8, False, True),
+        8: (8, True, True),
+        12: (16, True, True),
+        16: (16, True, True),
+    }
+    kernel_plan._read_table.cache_clear()
+
+
+def test_the_shipped_h200_tables_take_16_token_tiles_where_they_won(monkeypatch):
+    """Qwen3-235B-A22B samoyeds and Mixtral-8x7B 2:4 (FP8 values, H200): 16-token tiles at the token counts where
+    they beat the heuristics' 8-token tiles by 5-13% (benchmarks/results/decode-tables-h200/); one token keeps the
+    one-token kernels, and the sizes measured without a gain take the heuristics."""
+    monkeypatch.delenv(kernel_plan.CONFIG_DIR_ENV, raising=False)
+    kernel_plan._read_table.cache_clear()
+    untuned = Device("an H200 without tables", (9, 0), 132, "sm_90a")
+    qwen3_235b = dict(top_k=8, num_experts=128, hidden=4096, inter=1536)
+
+    def plan(tokens: int, shape: dict, pattern: Pattern, device: Device = H200):
+        return plan_moe(LayerShape(tokens, **shape), pattern, torch.bfloat16, device, True)
+
+    for shape, pattern, tiled, heuristic in [
+        (qwen3_235b, SAMOYEDS, (12, 16), (2, 4, 8, 24)),
+        (MIXTRAL, TWO_FOUR, (4, 8, 16), ()),
+    ]:
+        assert plan(1, shape, pattern).one_token
+        for tokens in tiled:
+            assert plan(tokens, shape, pattern).token_tile == 16 > plan(tokens, shape, pattern, untuned).token_tile
+        for tokens in heuristic:
+            assert plan(tokens, shape, pattern) == plan(tokens, shape, pattern, untuned), tokens
     kernel_plan._read_table.cache_clear()
 
 

@@ -1,5 +1,6 @@
 """benchmarks/merge_tables.py: which config a token count takes from tune_kernels.py runs, and what is written."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -58,3 +59,10 @@ def test_an_entry_no_run_timed_is_kept_and_the_default_can_replace_an_entry(tmp_
     activations = [row(8, {"default": [90, 90], "tuned table": [100, 100]}, {"default": {}, "tuned table": TABLE8})]
     table, _ = merge(tmp_path, activations)
     assert table["8"] == {}
+
+
+def test_by_default_it_starts_from_the_shipped_tables():
+    spec = importlib.util.spec_from_file_location("merge_tables", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (module.SHIPPED / MIXTRAL).is_file()
