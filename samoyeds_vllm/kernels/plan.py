@@ -345,7 +345,7 @@ def fp8_activations_default(block: BlockShape, pattern: Pattern, fp8: bool, hopp
     214.4 / 245.1, Qwen1.5-MoE T = 64 60.5 / 72.0); OLMoE samoyeds tied (0.985x) and DeepSeek-V2-Lite samoyeds lost
     (0.95-0.97x: its tuned table keeps GEMM 1 on bf16 activations). The 8-token tiles keep bf16 activations: with
     the quantize kernels a block a row (quantize_row_warps) both GEMMs FP8 x FP8 there ran 0.87-1.00x as fast on
-    Qwen3-30B-A3B (T = 4-32, either pattern), 0.95-1.09x on Qwen3-235B-A22B and 0.99-1.14x on Mixtral (14336-input
+    Qwen3-30B-A3B (T = 4-32, either pattern), 0.95-1.09x on Qwen3-235B-A22B and 0.99-1.13x on Mixtral (14336-input
     rows), so tuned tables ask for it where it won (docs/benchmarks.md, "Decode tables on an H200")."""
     mma16 = block.kind == "mma" and token_tile == 16
     return (block.kind == "ws" or mma16) and fp8_activations_allowed(block, pattern, fp8, hopper)

@@ -22,8 +22,8 @@ done
 #    The call ran past its 600 s, so only search/act-*.json and search/act16-235b-samoyeds.json came back, and
 #    the merge's choices as it printed them (search/merge.log). That merge found no shipped tables (a wrong default
 #    path, since mended), so it compared against the heuristics rather than Mixtral samoyeds' table entries; each
-#    choice also beats that table's entry by 5.6-13% (search/act-mixtral-samoyeds.log; T = 5, 12, 16 through the
-#    merge's times relative to the heuristics').
+#    choice also beats that table's entry by 5.0-13% (the merge's test: slower round against the entry's faster
+#    round; search/act-mixtral-samoyeds.log, T = 5, 12, 16 through the merge's times relative to the heuristics).
 tune() {  # name, extra args
   local n=$1; shift
   python benchmarks/tune_kernels.py --shapes mixtral-8x7b --patterns samoyeds --tokens 2,3,4,5,6,8,12,16 \
