@@ -23,7 +23,7 @@ import torch
 
 from samoyeds_vllm.format import Pattern
 from samoyeds_vllm.kernels import LayerShape
-from samoyeds_vllm.kernels.plan import Device, table_name
+from samoyeds_vllm.kernels.plan import Device, nearest_token_count, table_name
 from samoyeds_vllm.tools.presets import preset_shape
 
 SHIPPED = Path(__file__).parents[1] / "configs" / "kernels"
@@ -75,8 +75,8 @@ def main() -> None:
         for tokens, rows in sorted(by_tokens.items()):
             rel = relative_rounds(rows)
             configs = {k: v for row in rows for k, v in row["configs"].items()}
-            nearest = min(map(int, table), key=lambda t: abs(t - tokens)) if table else None
-            entry = table[str(nearest)] if nearest is not None and tokens <= max(map(int, table)) else {}
+            nearest = nearest_token_count(map(int, table), tokens)  # the entry the kernels take now
+            entry = {} if nearest is None else table[str(nearest)]
             current = "tuned table" if entry else "default"
             if current not in rel:
                 print(f"{shape_name} {pattern_name} {values} T={tokens}: its table entry {entry} was not timed, kept")

@@ -15,7 +15,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -217,15 +217,23 @@ def _read_table(name: str) -> dict[int, KernelConfig] | None:
     return None
 
 
+def nearest_token_count(counts: Iterable[int], tokens: int) -> int | None:
+    """The token count of a table whose entry a forward of `tokens` takes: the nearest (as vLLM picks its fused-MoE
+    configs; a tie takes the one listed first), or None past the largest (a table tuned for decode says nothing
+    about prefill) or without any."""
+    counts = list(counts)
+    if not counts or tokens > max(counts):
+        return None
+    return min(counts, key=lambda t: abs(t - tokens))
+
+
 def tuned_config(
     shape: LayerShape, pattern: Pattern, dtype: torch.dtype, device: Device, fp8: bool = False
 ) -> KernelConfig | None:
-    """The table entry of the nearest token count (as vLLM picks its fused-MoE configs), or None without a table
-    or past its largest token count (a table tuned for decode says nothing about prefill)."""
-    table = _read_table(table_name(shape, pattern, dtype, device, fp8))
-    if not table or shape.tokens > max(table):
-        return None
-    return table[min(table, key=lambda t: abs(t - shape.tokens))]
+    """The table entry of the nearest token count (nearest_token_count), or None."""
+    table = _read_table(table_name(shape, pattern, dtype, device, fp8)) or {}
+    nearest = nearest_token_count(table, shape.tokens)
+    return None if nearest is None else table[nearest]
 
 
 # ------------------------------------------------------------------------------------------------ heuristics
