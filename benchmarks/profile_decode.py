@@ -1,17 +1,18 @@
 """Where a decode step's GPU time goes in vLLM, dense and sparse, bf16 and FP8: MoE, attention, other GEMMs, the rest.
 
     python benchmarks/profile_decode.py --preset qwen3-30b-a3b --batch 1,16 --out DIR \
-        [--variants dense,dense-fp8,samoyeds,samoyeds-fp8]
+        [--variants dense,dense-fp8,samoyeds,samoyeds-fp8] [--prompt-len 8]
 
 Each variant is one of `bench e2e`'s (its config-only model, dummy weights, and the environment its processes get)
 and runs in its own process: vLLM as served (CUDA graphs; --enforce-eager to compare) generates --steps tokens for
-each batch of 8-token prompts, first untimed (so JIT compilation and first-use costs fall there), then under vLLM's
-torch profiler. The GPU time of each trace is split among its kernels (where kernels overlap, as dependent launches
-do, each instant goes to the earliest-started one: kernel_times), summed by category (kernel-name patterns below)
-and divided by the steps (the one short prefill is included); the wall time per step is measured around generate,
-and the GPU idle time is what of it no kernel covers (host work between kernels and steps). Writes
-DIR/profile-decode.json and DIR/profile-decode.png (a bar per variant and batch, split so) and prints a table. On a
-CPU there are no GPU kernels: only wall times.
+each batch of --prompt-len-token prompts (8: decode steps; 1024 at a batch of 256: the steps that mix prefill chunks
+with decodes, as `bench e2e`'s 1024:256 mix runs them), first untimed (so JIT compilation and first-use costs fall
+there), then under vLLM's torch profiler. The GPU time of each trace is split among its kernels (where kernels
+overlap, as dependent launches do, each instant goes to the earliest-started one: kernel_times), summed by category
+(kernel-name patterns below) and divided by the tokens generated per sequence (prefill included); the wall time is
+measured around generate, and the GPU idle time is what of it no kernel covers (host work between kernels and
+steps). Writes DIR/profile-decode.json and DIR/profile-decode.png (a bar per variant and batch, split so) and prints
+a table. On a CPU there are no GPU kernels: only wall times.
 
     python benchmarks/profile_decode.py --out DIR --replot     # the table and plot again from DIR's JSON
 """
@@ -139,9 +140,9 @@ def _new_traces(trace_root: Path, seen: set[Path], into: Path, wait_s: float = 6
         path.rename(into / path.name)
 
 
-def profile_variant(model: Path, batches: list[int], steps: int, out: Path, engine_args: dict) -> dict:
-    """One engine (run in its own process): for each batch, `steps` tokens for `batch` sequences, untimed, then
-    timed under the profiler."""
+def profile_variant(model: Path, batches: list[int], steps: int, prompt_len: int, out: Path, engine_args: dict) -> dict:
+    """One engine (run in its own process): for each batch, `steps` tokens for `batch` sequences of `prompt_len`
+    prompt tokens, untimed, then timed under the profiler."""
     from vllm import LLM, SamplingParams
 
     trace_root = (out / f"trace-{model.name}").resolve()
@@ -159,7 +160,8 @@ def profile_variant(model: Path, batches: list[int], steps: int, out: Path, engi
     params = SamplingParams(max_tokens=steps, ignore_eos=True, temperature=0.0)
     results = {}
     for batch in batches:
-        prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 10 for j in range(8)]} for i in range(batch)]
+        # distinct first tokens, so no prompt shares a prefix-cache block with another
+        prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 10 for j in range(prompt_len)]} for i in range(batch)]
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: same shapes, so JIT compiles fall here
         llm.reset_prefix_cache()
         seen = set(trace_root.glob("*.json*"))
@@ -191,7 +193,7 @@ def table(results: dict) -> str:
     lines = [
         f"{'variant':>12} {'batch':>5} {'wall ms':>8} {'GPU idle':>8} "
         + " ".join(f"{n:>9}" for n in names)
-        + f" {'kernels':>8}  (ms per decode step)"
+        + f" {'kernels':>8}  (ms per generated token of a sequence)"
     ]
     for variant, per_batch in results.items():
         for batch, r in per_batch.items():
@@ -238,10 +240,11 @@ def plot(record: dict, path: Path) -> None:
             ax.barh(names, widths, left=left, label=label)
             left = [a + b for a, b in zip(left, widths, strict=True)]
         ax.invert_yaxis()
-        ax.set_xlabel("ms per decode step")
+        ax.set_xlabel("ms per generated token of a sequence")
         ax.set_title(f"batch {batch}")
     axes[0][-1].legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{record['preset']}: a decode step's GPU time by kind ({record['date']})", fontsize=10)
+    prompt = record.get("prompt_len", 8)
+    fig.suptitle(f"{record['preset']}, {prompt}-token prompts: GPU time by kind ({record['date']})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -254,7 +257,8 @@ def main() -> None:
     parser.add_argument("--batch", default="1,16", help="concurrent sequences, comma-separated")
     parser.add_argument("--steps", type=int, default=64, help="tokens generated per sequence")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"of {', '.join(VARIANTS)}")
-    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--prompt-len", type=int, default=8, help="prompt tokens per sequence")
+    parser.add_argument("--max-model-len", type=int, default=None, help="default: max(1024, prompt + steps)")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--out", required=True)
     parser.add_argument("--replot", action="store_true", help="only the table and plot of OUT/profile-decode.json")
@@ -268,9 +272,12 @@ def main() -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.batch.split(",")]
-    engine_args = {"max_model_len": args.max_model_len, "enforce_eager": args.enforce_eager}
+    max_model_len = args.max_model_len or max(1024, args.prompt_len + args.steps)
+    if max_model_len < args.prompt_len + args.steps:
+        sys.exit(f"--max-model-len {max_model_len} is shorter than --prompt-len + --steps")
+    engine_args = {"max_model_len": max_model_len, "enforce_eager": args.enforce_eager}
     if args.worker:  # one engine: print its result as JSON on the last line
-        result = profile_variant(Path(args.worker), batches, args.steps, out, engine_args)
+        result = profile_variant(Path(args.worker), batches, args.steps, args.prompt_len, out, engine_args)
         print(json.dumps(result))
         sys.stdout.flush()
         os._exit(0)  # vLLM's engine processes can keep the interpreter alive
@@ -282,7 +289,8 @@ def main() -> None:
         variant = VARIANTS[name]
         model = variant.model(args.preset, args.segment, out / "models" / name)
         command = [sys.executable, __file__, "--worker", str(model), "--out", str(out), "--batch", args.batch]
-        command += ["--steps", str(args.steps), "--max-model-len", str(args.max_model_len)]
+        command += ["--steps", str(args.steps), "--prompt-len", str(args.prompt_len)]
+        command += ["--max-model-len", str(max_model_len)]
         command += ["--enforce-eager"] if args.enforce_eager else []
         log = out / f"profile-{name}.log"
         with open(log, "w") as f:
@@ -294,6 +302,7 @@ def main() -> None:
         "preset": args.preset,
         "variants": {name: VARIANTS[name].model.describe(args.segment) for name in variants},
         "steps": args.steps,
+        "prompt_len": args.prompt_len,
         "enforce_eager": args.enforce_eager,
         "date": time.strftime("%Y-%m-%d"),
         "results": results,

@@ -191,18 +191,28 @@ class _NotStarted(SamoyedsError):
     """The variant's engine did not start (a model too large for the GPU, typically)."""
 
 
+def jit_caches(variant: Variant, env: Mapping[str, str]) -> list[Path]:
+    """The JIT caches whose new files count as kernels `variant`'s engine compiled: DeepGEMM's for the variants with
+    FP8 block projections (DeepGEMM logs nothing when it compiles), none for the others. The cache is shared by every
+    engine of the user, so watching it for a variant that never runs DeepGEMM would count another engine's compiles
+    (a dense FP8 variant on the machine's other GPU) against it, and time its batches again for nothing."""
+    return [deep_gemm_cache(env)] if variant.model.fp8_projections else []
+
+
 def run_offline(
     model: Path,
     mix: tuple[int, int],
     batch_sizes: list[int],
     engine_args: list[str],
     env: Mapping[str, str],
+    jit_caches: list[Path],
     out: Path,
     timeout: float,
     record: Callable[[dict | None, list[dict], str], None],
 ) -> None:
     """One engine (bench/offline.py) generating `mix` = (input, output) tokens at each of `batch_sizes`, each timed
-    run after an untimed one of its shape. `record(engine, results, log)` gets what it measured, also when it
+    run after an untimed one of its shape (and again while it compiles kernels: vLLM's JIT monitor, new files in
+    `jit_caches`). `record(engine, results, log)` gets what it measured, also when it
     failed or this process is interrupted; a run that did not finish then raises (_NotStarted when the engine
     never started)."""
     tag = f"{model.name}-{mix[0]}x{mix[1]}"
@@ -217,7 +227,7 @@ def run_offline(
         "seed": 0,
         "results": str(results_path),
         "log": str(log),
-        "jit_caches": [str(deep_gemm_cache(env))],
+        "jit_caches": [str(cache) for cache in jit_caches],
     }
     spec_path.write_text(json.dumps(spec, indent=2) + "\n")
     code = "interrupted"
@@ -489,7 +499,9 @@ def run_variant(
 
             wait_for_gpu_memory(baseline)
             try:
-                run_offline(model, mix, todo, engine_args, env, out, work.engine_timeout, record)
+                run_offline(
+                    model, mix, todo, engine_args, env, jit_caches(variant, env), out, work.engine_timeout, record
+                )
             except _NotStarted as e:
                 if throughput:  # it ran before: not a model that does not fit
                     raise SamoyedsError(str(e)) from None
@@ -511,7 +523,7 @@ def run_variant(
     result["server_args"] = work.server_args(variant)
     wait_for_gpu_memory(baseline)
     server = VllmServer(model, result["server_args"], log_path=log, env=dict(variant.env))
-    jit_caches = [deep_gemm_cache(env)]
+    caches = jit_caches(variant, env)
     try:
         server.__enter__()  # not `with`: a server that does not start is told apart from one that fails later
     except SamoyedsError as e:
@@ -524,7 +536,7 @@ def run_variant(
         memory.update(parse_engine_log(log.read_text(errors="replace")))
         for c in todo:
             mix = (serving["input_len"], serving["output_len"])
-            level = serve_level(server, model, mix, c, work.prompts_per_client * c, out, log, jit_caches)
+            level = serve_level(server, model, mix, c, work.prompts_per_client * c, out, log, caches)
             serving["levels"].append(level)
             serving["levels"].sort(key=lambda lv: lv["concurrency"])
             save()

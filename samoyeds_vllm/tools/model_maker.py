@@ -445,9 +445,14 @@ class ModelForm:
         return self.pattern is None
 
     @property
+    def fp8_projections(self) -> bool:
+        """FP8 128x128-block linear layers (the dense FP8 form), which vLLM runs through DeepGEMM on Hopper."""
+        return self.dense and self.fp8
+
+    @property
     def needs_cuda(self) -> bool:
         """vLLM's CPU backend has no FP8 block-quantized linear or MoE; our FP8 values have a CPU reference."""
-        return self.dense and self.fp8
+        return self.fp8_projections
 
     def parsed_pattern(self, segment: int | None) -> Pattern | None:
         return None if self.dense else Pattern.parse(self.pattern, segment if self.pattern == "samoyeds" else None)

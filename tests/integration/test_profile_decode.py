@@ -76,6 +76,8 @@ def test_profile_decode_runs_on_cpu(tmp_path):
             "2",
             "--steps",
             "4",
+            "--prompt-len",
+            "40",
             "--max-model-len",
             "128",
             "--enforce-eager",
@@ -91,5 +93,13 @@ def test_profile_decode_runs_on_cpu(tmp_path):
     record = json.loads((tmp_path / "profile-decode.json").read_text())
     assert record["results"]["samoyeds"]["2"]["wall_ms_per_step"] > 0
     assert record["variants"] == {"samoyeds": "samoyeds(V=128), bf16 values"}
+    assert record["prompt_len"] == 40
     assert list(tmp_path.glob("trace-samoyeds-b2/*.json*")), "vLLM wrote no profiler trace"
     assert "samoyeds" in done.stdout and "wall ms" in done.stdout
+
+
+def test_a_model_length_shorter_than_prompt_and_steps_is_refused_before_any_engine(tmp_path):
+    command = [sys.executable, str(SCRIPT), "--prompt-len", "1024", "--steps", "16", "--max-model-len", "1024"]
+    done = subprocess.run([*command, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "shorter than --prompt-len + --steps" in done.stderr
+    assert not (tmp_path / "models").exists()

@@ -11,6 +11,7 @@ from samoyeds_vllm.bench.e2e import (
     Workload,
     _label,
     engine_tensor_parallel_size,
+    jit_caches,
     markdown,
     plot,
     variant_env,
@@ -334,6 +335,15 @@ def test_where_deep_gemm_caches_its_kernels(tmp_path):
     assert deep_gemm_cache({"DG_JIT_CACHE_DIR": str(tmp_path / "dg")}) == tmp_path / "dg"
     assert deep_gemm_cache({"VLLM_CACHE_ROOT": str(tmp_path / "v")}) == tmp_path / "v" / "deep_gemm"
     assert deep_gemm_cache({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "vllm" / "deep_gemm"
+
+
+def test_only_engines_with_fp8_block_projections_watch_deep_gemms_cache(tmp_path):
+    """DeepGEMM's cache is shared by every engine of the user: a samoyeds engine beside a dense FP8 one on another
+    GPU saw the dense engine's compiles as its own and timed its batches three times."""
+    env = {"DG_JIT_CACHE_DIR": str(tmp_path / "dg")}
+    watched = {name for name, variant in VARIANTS.items() if jit_caches(variant, env)}
+    assert watched == {"dense-fp8", "dense-fp8-deepgemm"}
+    assert jit_caches(VARIANTS["dense-fp8"], env) == [tmp_path / "dg"]
 
 
 def test_the_report_names_points_whose_timed_runs_all_compiled():
