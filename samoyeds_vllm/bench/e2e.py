@@ -787,12 +787,14 @@ def _cells(values: Mapping[str, float | None], names: list[str], spec: str, high
 def _table(
     title: str, key_names: list[str], rows: Mapping[tuple, Mapping[str, float | None]], names, spec, higher: bool
 ) -> list[str]:
-    """A markdown table: one row per key, one column per variant, and which dense variant was the best."""
+    """A markdown table: one row per key (a tuple, whose tuple parts print as a/b), one column per variant, and
+    which dense variant was the best."""
     lines = [f"**{title}**", "", "| " + " | ".join([*key_names, *names, "best dense"]) + " |"]
     lines.append("|" + "---|" * (len(key_names) + len(names) + 1))
     for key in sorted(rows):
         cells, best = _cells(rows[key], names, spec, higher)
-        lines.append("| " + " | ".join([*map(str, key), *cells, best]) + " |")
+        labels = ["/".join(map(str, k)) if isinstance(k, tuple) else str(k) for k in key]
+        lines.append("| " + " | ".join([*labels, *cells, best]) + " |")
     return [*lines, ""]
 
 
@@ -879,7 +881,7 @@ def markdown(results: dict) -> str:
     offline: dict[tuple, dict] = {}
     for name in names:
         for r in v[name].get("throughput", []):
-            point = (f"{r['input_len']}/{r['output_len']}", r["batch_size"])
+            point = ((r["input_len"], r["output_len"]), r["batch_size"])  # sorts 128/128 before 1024/256
             offline.setdefault(point, {})[name] = r["output_tokens_per_s"]
     if offline:
         lines += _table("offline, output tokens/s", ["in/out", "batch"], offline, names, ",.0f", higher=True)

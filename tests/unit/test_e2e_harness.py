@@ -488,3 +488,11 @@ def test_the_report_names_served_levels_whose_rounds_kept_disagreeing():
     text = markdown({**results, "variants": {"samoyeds-fp8": samoyeds}})
     assert "**Served rounds that kept disagreeing** (output tok/s, untimed round first): samoyeds-fp8 1 clients" in text
     assert "(18,051 / 14,168 / 18,000 / 14,100)" in text
+
+
+def test_the_offline_table_orders_mixes_by_their_token_counts():
+    dense = _result("dense, bf16", {1: 235})
+    dense["throughput"].append({"input_len": 1024, "output_len": 256, "batch_size": 1, "output_tokens_per_s": 228})
+    results = {"preset": "p", "date": "d", "device": "g", "vllm": "v", "torch": "t", "engine_args": []}
+    text = markdown({**results, "variants": {"dense": dense}})
+    assert text.index("| 128/128 | 1 | 235 |") < text.index("| 1024/256 | 1 | 228 |")

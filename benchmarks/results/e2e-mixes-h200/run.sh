@@ -1,0 +1,19 @@
+# As run on one nvidia-h200-x2 machine (two H200s of one host), 2026-11-28, main at b3b1a41 plus the uncommitted
+# profile_decode --prompt-len of 7ebb3e8 (bench e2e's code as at b3b1a41). Three device calls, each starting with
+# `source .ab/setup.sh` (vLLM's env, `pip install -e .`); off.sh (beside this file) runs one `bench e2e` on one GPU
+# into /tmp/DIR and packs it. Each call's two subshells ran at the same time, one per GPU.
+# Afterwards: python merge.py && samoyeds-vllm bench e2e --report --out merged
+
+# call 1 (12:30-12:39): both cut at 520 s by `timeout`: samoyeds FP8 during 4096:64 at 1024 sequences, dense FP8
+# before its 4096:64 engine had timed a batch (call 2 ran that mix again, to 256 sequences)
+(GPU=0 VARIANTS=samoyeds-fp8 DIR=mixes TL=${TL:-520} bash .ab/off.sh --stages offline --mixes 1024:256,4096:64 --batch-sizes 1,16,64,256,1024) &
+(GPU=1 VARIANTS=dense-fp8 DIR=mixes1 TL=${TL:-520} bash .ab/off.sh --stages offline --mixes 1024:256,4096:64 --batch-sizes 1,16,64,256,1024) &
+wait; cat /tmp/mixes/results.md /tmp/mixes1/results.md 2>/dev/null | grep -v "^$" | head -60
+
+# call 2 (12:42-12:48)
+(export CUDA_VISIBLE_DEVICES=0; timeout ${TL:-470} python3 benchmarks/profile_decode.py --preset qwen3-30b-a3b --batch 256 --prompt-len 1024 --steps 16 --variants samoyeds-fp8,dense-fp8 --out /tmp/prof > $OUT/prof.log 2>&1; echo "prof rc=$?" | tee -a $OUT/prof.log; (cd /tmp && tar czf $OUT/prof.tgz --exclude='trace-*' --exclude='*.safetensors' prof)) &
+(GPU=1 VARIANTS=dense-fp8 DIR=mixes1b TL=${TL:-470} bash .ab/off.sh --stages offline --mixes 4096:64 --batch-sizes 1,16,64,256) &
+
+# call 3 (12:50-12:56)
+(GPU=0 VARIANTS=samoyeds-fp8 DIR=mixes2 TL=240 bash .ab/off.sh --stages offline --mixes 1024:256 --batch-sizes 64,256,1024; GPU=0 VARIANTS=samoyeds-fp8 DIR=quick0 TL=$(( 530-SECONDS > 30 ? 530-SECONDS : 1 )) bash .ab/off.sh --quick) &
+(GPU=1 VARIANTS=dense DIR=quick1 TL=260 bash .ab/off.sh --quick; GPU=1 VARIANTS=dense DIR=mixes3 TL=$(( 530-SECONDS > 30 ? 530-SECONDS : 1 )) bash .ab/off.sh --stages offline --mixes 1024:256 --batch-sizes 1,16,64,256,1024) &
