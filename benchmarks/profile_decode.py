@@ -1,18 +1,20 @@
 """Where a decode step's GPU time goes in vLLM, dense and sparse, bf16 and FP8: MoE, attention, other GEMMs, the rest.
 
     python benchmarks/profile_decode.py --preset qwen3-30b-a3b --batch 1,16 --out DIR \
-        [--variants dense,dense-fp8,samoyeds,samoyeds-fp8] [--prompt-len 8]
+        [--variants dense,dense-fp8,samoyeds,samoyeds-fp8] [--prompt-len 8] [--cached-prompts]
 
 Each variant is one of `bench e2e`'s (its config-only model, dummy weights, and the environment its processes get)
 and runs in its own process: vLLM as served (CUDA graphs; --enforce-eager to compare) generates --steps tokens for
-each batch of --prompt-len-token prompts (8: decode steps; 1024 at a batch of 256: the steps that mix prefill chunks
-with decodes, as `bench e2e`'s 1024:256 mix runs them), first untimed (so JIT compilation and first-use costs fall
-there), then under vLLM's torch profiler. The GPU time of each trace is split among its kernels (where kernels
-overlap, as dependent launches do, each instant goes to the earliest-started one: kernel_times), summed by category
-(kernel-name patterns below) and divided by the tokens generated per sequence (prefill included); the wall time is
-measured around generate, and the GPU idle time is what of it no kernel covers (host work between kernels and
-steps). Writes DIR/profile-decode.json and DIR/profile-decode.png (a bar per variant and batch, split so) and prints
-a table. On a CPU there are no GPU kernels: only wall times.
+each batch of --prompt-len-token prompts, first untimed (so JIT compilation and first-use costs fall there), then
+under vLLM's torch profiler. With the default 8-token prompts the profiled steps are decodes; with 1024-token ones
+at a batch of 256 they are mostly that prefill, in 16384-token steps, as `bench e2e`'s 1024:256 mix starts; add
+--cached-prompts and the profiled run finds its prompts in the prefix cache the untimed run filled, so its steps are
+decodes at that context. The GPU time of each trace is split among its kernels (where kernels overlap, as dependent
+launches do, each instant goes to the earliest-started one: kernel_times), summed by category (kernel-name patterns
+below) and divided by the tokens generated per sequence (any prefill included); the wall time is measured around
+generate, and the GPU idle time is what of it no kernel covers (host work between kernels and steps). Writes
+DIR/profile-decode.json and DIR/profile-decode.png (a bar per variant and batch, split so) and prints a table. On a
+CPU there are no GPU kernels: only wall times.
 
     python benchmarks/profile_decode.py --out DIR --replot     # the table and plot again from DIR's JSON
 """
@@ -140,9 +142,12 @@ def _new_traces(trace_root: Path, seen: set[Path], into: Path, wait_s: float = 6
         path.rename(into / path.name)
 
 
-def profile_variant(model: Path, batches: list[int], steps: int, prompt_len: int, out: Path, engine_args: dict) -> dict:
+def profile_variant(
+    model: Path, batches: list[int], steps: int, prompt_len: int, cached_prompts: bool, out: Path, engine_args: dict
+) -> dict:
     """One engine (run in its own process): for each batch, `steps` tokens for `batch` sequences of `prompt_len`
-    prompt tokens, untimed, then timed under the profiler."""
+    prompt tokens, untimed, then timed under the profiler; with `cached_prompts` the timed run finds its prompts in
+    the prefix cache the untimed one filled, so its steps are decodes at that context, without its prefill."""
     from vllm import LLM, SamplingParams
 
     trace_root = (out / f"trace-{model.name}").resolve()
@@ -163,11 +168,12 @@ def profile_variant(model: Path, batches: list[int], steps: int, prompt_len: int
         # distinct first tokens, so no prompt shares a prefix-cache block with another
         prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 10 for j in range(prompt_len)]} for i in range(batch)]
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: same shapes, so JIT compiles fall here
-        llm.reset_prefix_cache()
+        if not cached_prompts:
+            llm.reset_prefix_cache()
         seen = set(trace_root.glob("*.json*"))
         llm.start_profile()
         start = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
+        outputs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
         llm.stop_profile()
         trace_dir = out / f"trace-{model.name}-b{batch}"
@@ -177,6 +183,7 @@ def profile_variant(model: Path, batches: list[int], steps: int, prompt_len: int
         top = sorted(times.items(), key=lambda item: -item[1])[:TOP_KERNELS]
         results[batch] = {
             "wall_ms_per_step": 1e3 * wall / steps,
+            "cached_prompt_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
             "gpu_busy_ms_per_step": busy_time(kernels) / 1e3 / steps,
             "kernel_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(by_category(times).items())},
             "largest_gpu_gaps": largest_gaps(kernels),
@@ -243,8 +250,8 @@ def plot(record: dict, path: Path) -> None:
         ax.set_xlabel("ms per generated token of a sequence")
         ax.set_title(f"batch {batch}")
     axes[0][-1].legend(loc="lower right", fontsize=8)
-    prompt = record.get("prompt_len", 8)
-    fig.suptitle(f"{record['preset']}, {prompt}-token prompts: GPU time by kind ({record['date']})", fontsize=10)
+    prompt = f"{record.get('prompt_len', 8)}-token prompts{' (cached)' if record.get('cached_prompts') else ''}"
+    fig.suptitle(f"{record['preset']}, {prompt}: GPU time by kind ({record['date']})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -258,6 +265,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64, help="tokens generated per sequence")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"of {', '.join(VARIANTS)}")
     parser.add_argument("--prompt-len", type=int, default=8, help="prompt tokens per sequence")
+    parser.add_argument(
+        "--cached-prompts",
+        action="store_true",
+        help="keep the untimed run's prompts in the prefix cache: the profiled steps are decodes at --prompt-len "
+        "tokens of context, not that prefill",
+    )
     parser.add_argument("--max-model-len", type=int, default=None, help="default: max(1024, prompt + steps)")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--out", required=True)
@@ -276,8 +289,12 @@ def main() -> None:
     if max_model_len < args.prompt_len + args.steps:
         sys.exit(f"--max-model-len {max_model_len} is shorter than --prompt-len + --steps")
     engine_args = {"max_model_len": max_model_len, "enforce_eager": args.enforce_eager}
+    if args.cached_prompts:  # what the flag relies on, whatever the default
+        engine_args["enable_prefix_caching"] = True
     if args.worker:  # one engine: print its result as JSON on the last line
-        result = profile_variant(Path(args.worker), batches, args.steps, args.prompt_len, out, engine_args)
+        result = profile_variant(
+            Path(args.worker), batches, args.steps, args.prompt_len, args.cached_prompts, out, engine_args
+        )
         print(json.dumps(result))
         sys.stdout.flush()
         os._exit(0)  # vLLM's engine processes can keep the interpreter alive
@@ -290,6 +307,7 @@ def main() -> None:
         model = variant.model(args.preset, args.segment, out / "models" / name)
         command = [sys.executable, __file__, "--worker", str(model), "--out", str(out), "--batch", args.batch]
         command += ["--steps", str(args.steps), "--prompt-len", str(args.prompt_len)]
+        command += ["--cached-prompts"] if args.cached_prompts else []
         command += ["--max-model-len", str(max_model_len)]
         command += ["--enforce-eager"] if args.enforce_eager else []
         log = out / f"profile-{name}.log"
@@ -303,6 +321,7 @@ def main() -> None:
         "variants": {name: VARIANTS[name].model.describe(args.segment) for name in variants},
         "steps": args.steps,
         "prompt_len": args.prompt_len,
+        "cached_prompts": args.cached_prompts,
         "enforce_eager": args.enforce_eager,
         "date": time.strftime("%Y-%m-%d"),
         "results": results,

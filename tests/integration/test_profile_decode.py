@@ -77,9 +77,10 @@ def test_profile_decode_runs_on_cpu(tmp_path):
             "--steps",
             "4",
             "--prompt-len",
-            "40",
+            "300",
+            "--cached-prompts",
             "--max-model-len",
-            "128",
+            "320",
             "--enforce-eager",
             "--out",
             str(tmp_path),
@@ -93,7 +94,9 @@ def test_profile_decode_runs_on_cpu(tmp_path):
     record = json.loads((tmp_path / "profile-decode.json").read_text())
     assert record["results"]["samoyeds"]["2"]["wall_ms_per_step"] > 0
     assert record["variants"] == {"samoyeds": "samoyeds(V=128), bf16 values"}
-    assert record["prompt_len"] == 40
+    assert record["prompt_len"] == 300 and record["cached_prompts"] is True
+    # the prompts' whole KV-cache blocks (128 tokens on vLLM's CPU backend), found in the prefix cache
+    assert record["results"]["samoyeds"]["2"]["cached_prompt_tokens"] >= 2 * 256
     assert list(tmp_path.glob("trace-samoyeds-b2/*.json*")), "vLLM wrote no profiler trace"
     assert "samoyeds" in done.stdout and "wall ms" in done.stdout
 
