@@ -49,6 +49,14 @@ def test_busy_time_counts_overlapping_kernels_once():
     assert profile_decode.largest_gaps(kernels) == [{"us": 15.0, "after": "b", "before": "c"}]
 
 
+def test_the_table_marks_a_profile_that_stalled_on_a_compile():
+    step = {"wall_ms_per_step": 828.5, "gpu_busy_ms_per_step": 223.6, "kernel_ms_per_step": {"moe": 138.3}}
+    text = profile_decode.table({"dense-fp8": {"256": {**step, "stalled": True}}, "samoyeds-fp8": {"256": step}})
+    rows = text.splitlines()
+    assert rows[1].endswith("* stalled") and not rows[2].endswith("stalled")
+    assert "wall and idle times include it" in rows[-1]
+
+
 def test_plot_has_a_panel_per_batch_and_a_bar_per_variant(tmp_path):
     pytest.importorskip("matplotlib")
     step = {"wall_ms_per_step": 5.0, "gpu_busy_ms_per_step": 4.0, "kernel_ms_per_step": {"moe": 2.0, "gemm": 2.0}}
@@ -95,6 +103,9 @@ def test_profile_decode_runs_on_cpu(tmp_path):
     assert record["results"]["samoyeds"]["2"]["wall_ms_per_step"] > 0
     assert record["variants"] == {"samoyeds": "samoyeds(V=128), bf16 values"}
     assert record["prompt_len"] == 300 and record["cached_prompts"] is True
+    assert (
+        record["results"]["samoyeds"]["2"]["profiled_runs"] == 1 and not record["results"]["samoyeds"]["2"]["stalled"]
+    )
     # the prompts' whole KV-cache blocks (128 tokens on vLLM's CPU backend), found in the prefix cache
     assert record["results"]["samoyeds"]["2"]["cached_prompt_tokens"] >= 2 * 256
     assert list(tmp_path.glob("trace-samoyeds-b2/*.json*")), "vLLM wrote no profiler trace"
