@@ -2,11 +2,11 @@
 --report --out merged` writes the comparison. Dense FP8 at 128:128 was not run here (the report refuses to mix
 devices): docs/benchmarks.md sets it beside these from ../e2e-qwen3-fp8-h200/offline-2026-11-27/.
 
-Each timed point comes from exactly one run, named in its row's "run"; the points left out and why:
-- mixes/ samoyeds FP8 1024:256 at 64 / 256 / 1024: its engine ran beside mixes1/'s dense FP8 engine, whose DeepGEMM
-  compiles (nvcc on the shared host, into the shared JIT cache) the harness then counted against the samoyeds engine
-  (13 and 10 "compiles" at 256 / 1024, none in its own log) and which slowed it (256: 13.29 s against 10.02 s alone);
-  those three were measured again in mixes2/ with no DeepGEMM compiling beside them.
+Each timed point comes from exactly one run, named in its row's "run". Samoyeds FP8 1024:256 at 64 / 256 / 1024
+sequences comes from mixes2/, not mixes/: mixes/' engine shared the host with mixes1/'s dense FP8 engine, whose
+DeepGEMM compiles (nvcc on the shared CPUs, into the shared JIT cache) the harness counted against the samoyeds
+engine (13 and 10 "compiles" at 256 / 1024, none in its own log; all three timed runs of each counted some) and
+which slowed it (256: 13.29 s against 10.02 s in mixes2/, which ran beside a dense bf16 engine, no DeepGEMM).
 """
 
 import json
