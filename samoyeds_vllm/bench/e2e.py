@@ -60,6 +60,7 @@ from ..tools.vllm_server import (
     gpu_memory_used,
     gpu_processes,
     nvidia_smi,
+    other_gpus_in_use,
     parse_engine_log,
     vllm_command,
     wait_for_gpu_memory,
@@ -493,6 +494,7 @@ def run_variant(
             def record(engine, measured, log, key=key):
                 if engine is not None:
                     engines[key] = {**engine, **parse_engine_log(log)}
+                note_shared_host(result)
                 throughput.extend(measured)
                 throughput.sort(key=lambda row: (row["input_len"], row["output_len"], row["batch_size"]))
                 save()
@@ -539,6 +541,7 @@ def run_variant(
             level = serve_level(server, model, mix, c, work.prompts_per_client * c, out, log, caches)
             serving["levels"].append(level)
             serving["levels"].sort(key=lambda lv: lv["concurrency"])
+            note_shared_host(result)
             save()
             progress.update()
         if probe:
@@ -659,6 +662,9 @@ def bench_e2e(
     baseline = gpu_memory_used()
     if baseline and any(used > 1.0 for used in baseline):
         print(f"warning: GPU memory in use before the first engine ({gpu_processes()}); engines get less")
+    if busy := other_gpus_in_use():
+        gpus = ", ".join(f"GPU {g}: {gib} GiB" for g, gib in busy.items())
+        print(f"warning: other GPUs of this machine are in use ({gpus}): their jobs share its CPUs with the engines")
     with tqdm(total=len(variants) * work.steps(), desc="bench e2e") as progress:
         for name in variants:
             variant = VARIANTS[name]
@@ -697,6 +703,14 @@ def bench_e2e(
             save()
             progress.update(start + work.steps() - progress.n)
     return report(out)
+
+
+def note_shared_host(result: dict) -> None:
+    """Adds the other GPUs of the machine that hold memory now (another job's) to result["other_gpus_in_use"],
+    index: the most GiB seen, so the report can say that the measured engines shared the host's CPUs."""
+    if busy := other_gpus_in_use():
+        seen = result.setdefault("other_gpus_in_use", {})
+        seen.update({gpu: max(gib, seen.get(gpu, 0.0)) for gpu, gib in busy.items()})
 
 
 def settings_changed(old: dict, new: dict) -> str:
@@ -878,6 +892,15 @@ def markdown(results: dict) -> str:
     for name in names:
         if "failed" in v[name]:
             lines += [f"**{name} did not run**: {_failure_reason(v[name]['failed'])}", ""]
+    if shared := {n: v[n]["other_gpus_in_use"] for n in names if v[n].get("other_gpus_in_use")}:
+        busy = "; ".join(
+            f"{n}: " + ", ".join(f"GPU {g} {gib} GiB" for g, gib in gpus.items()) for n, gpus in shared.items()
+        )
+        lines += [
+            f"**Other GPUs of the host were in use** while these ran ({busy}): another job shared the CPUs with "
+            "the measured engines, which can slow them.",
+            "",
+        ]
     offline: dict[tuple, dict] = {}
     for name in names:
         for r in v[name].get("throughput", []):

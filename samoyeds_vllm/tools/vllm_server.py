@@ -240,6 +240,25 @@ def gpu_memory_used() -> list[float] | None:
         return None
 
 
+def other_gpus_in_use(slack_gib: float = 1.0) -> dict[str, float]:
+    """The GPUs of this machine outside CUDA_VISIBLE_DEVICES holding more than `slack_gib` of memory, index: GiB.
+    Another job there shares this machine's CPUs with the engines measured here (its engine's host loop, its
+    kernels' compiles), which slowed a measured engine by a quarter (docs/benchmarks.md, the longer-prompts runs).
+    Empty when CUDA_VISIBLE_DEVICES is unset (every GPU may be this run's) or without nvidia-smi."""
+    visible = visible_gpus()
+    answer = nvidia_smi("gpu=index,uuid,memory.used", "nounits") if visible is not None else None
+    busy = {}
+    for line in (answer or "").strip().splitlines():
+        try:
+            index, uuid, mib = (field.strip() for field in line.split(","))
+            gib = float(mib) / 1024
+        except ValueError:
+            continue
+        if index not in visible and uuid not in visible and gib > slack_gib:
+            busy[index] = round(gib, 1)
+    return busy
+
+
 def gpu_processes() -> str:
     """The processes holding memory of the visible GPUs, as nvidia-smi lists them (for error messages)."""
     answer = nvidia_smi("compute-apps=pid,process_name,used_memory", gpus=visible_gpus())

@@ -496,3 +496,35 @@ def test_the_offline_table_orders_mixes_by_their_token_counts():
     results = {"preset": "p", "date": "d", "device": "g", "vllm": "v", "torch": "t", "engine_args": []}
     text = markdown({**results, "variants": {"dense": dense}})
     assert text.index("| 128/128 | 1 | 235 |") < text.index("| 1024/256 | 1 | 228 |")
+
+
+@pytest.mark.parametrize(
+    ("visible", "busy"),
+    [("0", {"1": 60.0}), ("GPU-a", {"1": 60.0}), ("0,1", {}), (None, {})],
+)
+def test_other_gpus_in_use_are_those_outside_the_visible_ones(monkeypatch, visible, busy):
+    """A job on the machine's other GPU shares its CPUs: two engines side by side on two GPUs, one compiling."""
+    if visible is None:  # every GPU may be this run's: nothing to call another job's
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    answer = "0, GPU-a, 70000\n1, GPU-b, 61440\n2, GPU-c, 500\n"  # GPU 2's 0.5 GiB: a context, not a job
+    monkeypatch.setattr(vllm_server, "nvidia_smi", lambda query, *formats, gpus=None: answer)
+    assert vllm_server.other_gpus_in_use() == busy
+
+
+def test_the_report_says_when_other_gpus_of_the_host_were_in_use(monkeypatch):
+    from samoyeds_vllm.bench import e2e
+
+    dense = _result("dense, bf16", {1: 235})
+    monkeypatch.setattr(e2e, "other_gpus_in_use", lambda: {"1": 20.5})
+    e2e.note_shared_host(dense)
+    monkeypatch.setattr(e2e, "other_gpus_in_use", lambda: {"1": 60.0})
+    e2e.note_shared_host(dense)
+    monkeypatch.setattr(e2e, "other_gpus_in_use", dict)
+    e2e.note_shared_host(dense)
+    assert dense["other_gpus_in_use"] == {"1": 60.0}  # the most seen
+    results = {"preset": "p", "date": "d", "device": "g", "vllm": "v", "torch": "t", "engine_args": []}
+    text = markdown({**results, "variants": {"dense": dense, "samoyeds": _result("samoyeds(V=128), bf16", {1: 266})}})
+    assert "**Other GPUs of the host were in use** while these ran (dense: GPU 1 60.0 GiB)" in text
+    assert "Other GPUs" not in markdown({**results, "variants": {"samoyeds": _result("samoyeds", {1: 266})}})
