@@ -243,7 +243,8 @@ def gpu_memory_used() -> list[float] | None:
 def other_gpus_in_use(slack_gib: float = 1.0) -> dict[str, float]:
     """The GPUs of this machine outside CUDA_VISIBLE_DEVICES holding more than `slack_gib` of memory, index: GiB.
     Another job there shares this machine's CPUs with the engines measured here (its engine's host loop, its
-    kernels' compiles), which slowed a measured engine by a quarter (docs/benchmarks.md, the longer-prompts runs).
+    kernels' compiles): beside one compiling DeepGEMM kernels a samoyeds engine made a quarter fewer tokens/s
+    (docs/benchmarks.md, the longer-prompts runs).
     Empty when CUDA_VISIBLE_DEVICES is unset (every GPU may be this run's) or without nvidia-smi."""
     visible = visible_gpus()
     answer = nvidia_smi("gpu=index,uuid,memory.used", "nounits") if visible is not None else None
