@@ -1,4 +1,4 @@
-"""Where a decode step's GPU time goes in vLLM, dense and sparse, bf16 and FP8: MoE, attention, other GEMMs, the rest.
+"""Where the GPU time of a generated token goes in vLLM, dense and sparse, bf16 and FP8: MoE, attention, GEMMs, rest.
 
     python benchmarks/profile_decode.py --preset qwen3-30b-a3b --batch 1,16 --out DIR \
         [--variants dense,dense-fp8,samoyeds,samoyeds-fp8] [--prompt-len 8] [--cached-prompts]
@@ -7,15 +7,18 @@ Each variant is one of `bench e2e`'s (its config-only model, dummy weights, and 
 and runs in its own process: vLLM as served (CUDA graphs; --enforce-eager to compare) generates --steps tokens for
 each batch of --prompt-len-token prompts, first untimed (so JIT compilation and first-use costs fall there), then
 under vLLM's torch profiler. With the default 8-token prompts the profiled steps are decodes; with 1024-token ones
-at a batch of 256 they are mostly that prefill, in 16384-token steps, as `bench e2e`'s 1024:256 mix starts; add
---cached-prompts and the profiled run finds its prompts in the prefix cache the untimed run filled, so its steps are
-decodes at that context. The GPU time of each trace is split among its kernels (where kernels overlap, as dependent
-launches do, each instant goes to the earliest-started one: kernel_times), summed by category (kernel-name patterns
-below) and divided by the tokens generated per sequence (any prefill included); the wall time is measured around
-generate, and the GPU idle time is what of it no kernel covers (host work between kernels and steps). A profiled
-run with a GPU gap of a second or more (a kernel compiled on first use) is profiled again, three runs at most. Writes
-DIR/profile-decode.json and DIR/profile-decode.png (a bar per variant and batch, split so) and prints a table. On a
-CPU there are no GPU kernels: only wall times.
+at a batch of 256 they are mostly that prefill, in steps of vLLM's default batched-token budget (16384 in `LLM` on
+an H200, vLLM 0.26), as `bench e2e`'s 1024:256 mix starts. With --cached-prompts the profiled run finds its prompts
+in the prefix cache the untimed run filled (while the KV cache holds them; `cached_prompt_tokens` says how many
+hit): vLLM still recomputes each prompt's last block (a hit covers whole blocks and never a prompt's last token), one
+short prefill step, and the rest are decodes at that context; more --steps dilute that step. The GPU time of each
+trace is split among its kernels (where kernels overlap, as dependent launches do, each instant goes to the
+earliest-started one: kernel_times), summed by category (kernel-name patterns below) and divided by the tokens
+generated per sequence (any prefill included; the JSON's `*_per_step` keys, kept for older results, mean per
+generated token); the wall time is measured around generate, and the GPU idle time is what of it no kernel covers
+(host work between kernels and steps). A profiled run with a GPU gap of a second or more (a kernel compiled on first
+use) is profiled again, three runs at most. Writes DIR/profile-decode.json and DIR/profile-decode.png (a bar per
+variant and batch, split so) and prints a table. On a CPU there are no GPU kernels: only wall times.
 
     python benchmarks/profile_decode.py --out DIR --replot     # the table and plot again from DIR's JSON
 """
@@ -132,6 +135,19 @@ def largest_gaps(kernels: list[tuple[str, float, float]], count: int = 5) -> lis
     return sorted(_gaps(kernels), key=lambda g: -g["us"])[:count]
 
 
+def stalled_on_a_compile(gaps: list[dict]) -> bool:
+    """Whether a trace's longest GPU gap (largest_gaps) is STALL_US or more: a kernel compiled on first use."""
+    return bool(gaps) and gaps[0]["us"] >= STALL_US
+
+
+def _prompt(index: int, length: int) -> list[int]:
+    """Prompt `index` of a batch: token ids in 10..1009 whose first two name the index, so no two prompts of up to a
+    million share a prefix-cache block."""
+    ids = [(7 * index + j) % 1000 + 10 for j in range(length)]
+    ids[:2] = [10 + index % 1000, 10 + index // 1000 % 1000][:length]
+    return ids
+
+
 def by_category(times: dict[str, float]) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)
     for name, us in times.items():
@@ -172,8 +188,9 @@ def profile_variant(
     params = SamplingParams(max_tokens=steps, ignore_eos=True, temperature=0.0)
     results = {}
     for batch in batches:
-        # distinct first tokens, so no prompt shares a prefix-cache block with another
-        prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 10 for j in range(prompt_len)]} for i in range(batch)]
+        prompts = [{"prompt_token_ids": _prompt(i, prompt_len)} for i in range(batch)]
+        if not cached_prompts:  # the last batch's prompts begin these: the warm-up would skip part of their prefill
+            llm.reset_prefix_cache()
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: same shapes, so JIT compiles fall here
         runs = 0
         while True:
@@ -191,7 +208,7 @@ def profile_variant(
             _new_traces(trace_root, seen, trace_dir)
             kernels = trace_kernels(trace_dir)
             gaps = largest_gaps(kernels)
-            stalled = bool(gaps) and gaps[0]["us"] >= STALL_US
+            stalled = stalled_on_a_compile(gaps)
             if not stalled or runs == PROFILE_ATTEMPTS:
                 break
         times, spans = kernel_times(kernels), kernel_spans(kernels)
@@ -240,7 +257,7 @@ def table(results: dict) -> str:
 
 
 def plot(record: dict, path: Path) -> None:
-    """A panel per batch size, a bar per variant: its ms per decode step split into the kernel categories and the
+    """A panel per batch size, a bar per variant: its ms per generated token split into the kernel categories and the
     GPU's idle time (nothing without matplotlib, or without GPU kernels in the traces)."""
     try:
         import matplotlib
@@ -292,7 +309,7 @@ def main() -> None:
         "--cached-prompts",
         action="store_true",
         help="keep the untimed run's prompts in the prefix cache: the profiled steps are decodes at --prompt-len "
-        "tokens of context, not that prefill",
+        "tokens of context after one step recomputing each prompt's last block, not that prefill",
     )
     parser.add_argument("--max-model-len", type=int, default=None, help="default: max(1024, prompt + steps)")
     parser.add_argument("--enforce-eager", action="store_true")
@@ -308,7 +325,7 @@ def main() -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.batch.split(",")]
-    max_model_len = args.max_model_len or max(1024, args.prompt_len + args.steps)
+    max_model_len = max(1024, args.prompt_len + args.steps) if args.max_model_len is None else args.max_model_len
     if max_model_len < args.prompt_len + args.steps:
         sys.exit(f"--max-model-len {max_model_len} is shorter than --prompt-len + --steps")
     engine_args = {"max_model_len": max_model_len, "enforce_eager": args.enforce_eager}

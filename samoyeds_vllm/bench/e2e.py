@@ -192,7 +192,7 @@ class _NotStarted(SamoyedsError):
     """The variant's engine did not start (a model too large for the GPU, typically)."""
 
 
-def jit_caches(variant: Variant, env: Mapping[str, str]) -> list[Path]:
+def watched_jit_caches(variant: Variant, env: Mapping[str, str]) -> list[Path]:
     """The JIT caches whose new files count as kernels `variant`'s engine compiled: DeepGEMM's for the variants with
     FP8 block projections (DeepGEMM logs nothing when it compiles), none for the others. The cache is shared by every
     engine of the user, so watching it for a variant that never runs DeepGEMM would count another engine's compiles
@@ -494,7 +494,7 @@ def run_variant(
             def record(engine, measured, log, key=key):
                 if engine is not None:
                     engines[key] = {**engine, **parse_engine_log(log)}
-                note_shared_host(result)
+                note_shared_host(result, measured)
                 throughput.extend(measured)
                 throughput.sort(key=lambda row: (row["input_len"], row["output_len"], row["batch_size"]))
                 save()
@@ -502,7 +502,15 @@ def run_variant(
             wait_for_gpu_memory(baseline)
             try:
                 run_offline(
-                    model, mix, todo, engine_args, env, jit_caches(variant, env), out, work.engine_timeout, record
+                    model,
+                    mix,
+                    todo,
+                    engine_args,
+                    env,
+                    watched_jit_caches(variant, env),
+                    out,
+                    work.engine_timeout,
+                    record,
                 )
             except _NotStarted as e:
                 if throughput:  # it ran before: not a model that does not fit
@@ -525,7 +533,7 @@ def run_variant(
     result["server_args"] = work.server_args(variant)
     wait_for_gpu_memory(baseline)
     server = VllmServer(model, result["server_args"], log_path=log, env=dict(variant.env))
-    caches = jit_caches(variant, env)
+    caches = watched_jit_caches(variant, env)
     try:
         server.__enter__()  # not `with`: a server that does not start is told apart from one that fails later
     except SamoyedsError as e:
@@ -539,9 +547,9 @@ def run_variant(
         for c in todo:
             mix = (serving["input_len"], serving["output_len"])
             level = serve_level(server, model, mix, c, work.prompts_per_client * c, out, log, caches)
+            note_shared_host(result, [level])
             serving["levels"].append(level)
             serving["levels"].sort(key=lambda lv: lv["concurrency"])
-            note_shared_host(result)
             save()
             progress.update()
         if probe:
@@ -663,8 +671,7 @@ def bench_e2e(
     if baseline and any(used > 1.0 for used in baseline):
         print(f"warning: GPU memory in use before the first engine ({gpu_processes()}); engines get less")
     if busy := other_gpus_in_use():
-        gpus = ", ".join(f"GPU {g}: {gib} GiB" for g, gib in busy.items())
-        print(f"warning: other GPUs of this machine are in use ({gpus}): their jobs share its CPUs with the engines")
+        print(f"warning: other GPUs of this machine are in use ({_gpus_text(busy)}): their jobs share its CPUs")
     with tqdm(total=len(variants) * work.steps(), desc="bench e2e") as progress:
         for name in variants:
             variant = VARIANTS[name]
@@ -705,12 +712,19 @@ def bench_e2e(
     return report(out)
 
 
-def note_shared_host(result: dict) -> None:
-    """Adds the other GPUs of the machine that hold memory now (another job's) to result["other_gpus_in_use"],
-    index: the most GiB seen, so the report can say that the measured engines shared the host's CPUs."""
+def note_shared_host(result: dict, measured: list[dict]) -> None:
+    """Marks the points just `measured` (offline rows, a served level) with the other GPUs of the machine that hold
+    memory now (another job's), and adds them to result["other_gpus_in_use"] (index: the most GiB seen), so the
+    report can say that the measured engines may have shared the host's CPUs."""
     if busy := other_gpus_in_use():
+        for point in measured:
+            point["other_gpus_in_use"] = busy
         seen = result.setdefault("other_gpus_in_use", {})
         seen.update({gpu: max(gib, seen.get(gpu, 0.0)) for gpu, gib in busy.items()})
+
+
+def _gpus_text(gpus: Mapping[str, float]) -> str:
+    return ", ".join(f"GPU {gpu}: {gib} GiB" for gpu, gib in gpus.items())
 
 
 def settings_changed(old: dict, new: dict) -> str:
@@ -893,12 +907,10 @@ def markdown(results: dict) -> str:
         if "failed" in v[name]:
             lines += [f"**{name} did not run**: {_failure_reason(v[name]['failed'])}", ""]
     if shared := {n: v[n]["other_gpus_in_use"] for n in names if v[n].get("other_gpus_in_use")}:
-        busy = "; ".join(
-            f"{n}: " + ", ".join(f"GPU {g} {gib} GiB" for g, gib in gpus.items()) for n, gpus in shared.items()
-        )
+        busy = "; ".join(f"{n}: {_gpus_text(gpus)}" for n, gpus in shared.items())
         lines += [
-            f"**Other GPUs of the host were in use** while these ran ({busy}): another job shared the CPUs with "
-            "the measured engines, which can slow them.",
+            f"**Other GPUs of the host were in use** while these ran ({busy}): another job may have shared the "
+            "CPUs with the measured engines and slowed them (the points it touched carry `other_gpus_in_use`).",
             "",
         ]
     offline: dict[tuple, dict] = {}

@@ -446,7 +446,8 @@ class ModelForm:
 
     @property
     def fp8_projections(self) -> bool:
-        """FP8 128x128-block linear layers (the dense FP8 form), which vLLM runs through DeepGEMM on Hopper."""
+        """FP8 128x128-block linear layers (the dense FP8 form), which vLLM runs through DeepGEMM on Hopper where
+        DeepGEMM is installed (the GPU bundle has it)."""
         return self.dense and self.fp8
 
     @property

@@ -243,19 +243,21 @@ def gpu_memory_used() -> list[float] | None:
 def other_gpus_in_use(slack_gib: float = 1.0) -> dict[str, float]:
     """The GPUs of this machine outside CUDA_VISIBLE_DEVICES holding more than `slack_gib` of memory, index: GiB.
     Another job there shares this machine's CPUs with the engines measured here (its engine's host loop, its
-    kernels' compiles): beside one compiling DeepGEMM kernels a samoyeds engine made a quarter fewer tokens/s
-    (docs/benchmarks.md, the longer-prompts runs).
-    Empty when CUDA_VISIBLE_DEVICES is unset (every GPU may be this run's) or without nvidia-smi."""
+    kernels' compiles), which can slow them. Empty when CUDA_VISIBLE_DEVICES is unset (every GPU may be this run's)
+    or names MIG instances (not matched to GPUs here), and without nvidia-smi."""
     visible = visible_gpus()
-    answer = nvidia_smi("gpu=index,uuid,memory.used", "nounits") if visible is not None else None
+    if visible is None or any(gpu.startswith("MIG-") for gpu in visible):
+        return {}
     busy = {}
-    for line in (answer or "").strip().splitlines():
+    for line in (nvidia_smi("gpu=index,uuid,memory.used", "nounits") or "").strip().splitlines():
         try:
             index, uuid, mib = (field.strip() for field in line.split(","))
             gib = float(mib) / 1024
         except ValueError:
             continue
-        if index not in visible and uuid not in visible and gib > slack_gib:
+        # CUDA takes a GPU's index, its UUID or a unique prefix of the UUID
+        ours = index in visible or any(gpu.startswith("GPU-") and uuid.startswith(gpu) for gpu in visible)
+        if not ours and gib > slack_gib:
             busy[index] = round(gib, 1)
     return busy
 

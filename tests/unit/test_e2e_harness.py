@@ -11,10 +11,10 @@ from samoyeds_vllm.bench.e2e import (
     Workload,
     _label,
     engine_tensor_parallel_size,
-    jit_caches,
     markdown,
     plot,
     variant_env,
+    watched_jit_caches,
 )
 from samoyeds_vllm.cli import build_parser, main
 from samoyeds_vllm.errors import SamoyedsError
@@ -341,9 +341,9 @@ def test_only_engines_with_fp8_block_projections_watch_deep_gemms_cache(tmp_path
     """DeepGEMM's cache is shared by every engine of the user: a samoyeds engine beside a dense FP8 one on another
     GPU saw the dense engine's compiles as its own and timed its batches three times."""
     env = {"DG_JIT_CACHE_DIR": str(tmp_path / "dg")}
-    watched = {name for name, variant in VARIANTS.items() if jit_caches(variant, env)}
+    watched = {name for name, variant in VARIANTS.items() if watched_jit_caches(variant, env)}
     assert watched == {"dense-fp8", "dense-fp8-deepgemm"}
-    assert jit_caches(VARIANTS["dense-fp8"], env) == [tmp_path / "dg"]
+    assert watched_jit_caches(VARIANTS["dense-fp8"], env) == [tmp_path / "dg"]
 
 
 def test_the_report_names_points_whose_timed_runs_all_compiled():
@@ -500,7 +500,7 @@ def test_the_offline_table_orders_mixes_by_their_token_counts():
 
 @pytest.mark.parametrize(
     ("visible", "busy"),
-    [("0", {"1": 60.0}), ("GPU-a", {"1": 60.0}), ("0,1", {}), (None, {})],
+    [("0", {"1": 60.0}), ("GPU-a1", {"1": 60.0}), ("GPU-a", {"1": 60.0}), ("0,1", {}), (None, {}), ("MIG-x", {})],
 )
 def test_other_gpus_in_use_are_those_outside_the_visible_ones(monkeypatch, visible, busy):
     """A job on the machine's other GPU shares its CPUs: two engines side by side on two GPUs, one compiling."""
@@ -508,7 +508,7 @@ def test_other_gpus_in_use_are_those_outside_the_visible_ones(monkeypatch, visib
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    answer = "0, GPU-a, 70000\n1, GPU-b, 61440\n2, GPU-c, 500\n"  # GPU 2's 0.5 GiB: a context, not a job
+    answer = "0, GPU-a1, 70000\n1, GPU-b2, 61440\n2, GPU-c3, 500\n"  # GPU 2's 0.5 GiB: a context, not a job
     monkeypatch.setattr(vllm_server, "nvidia_smi", lambda query, *formats, gpus=None: answer)
     assert vllm_server.other_gpus_in_use() == busy
 
@@ -516,15 +516,17 @@ def test_other_gpus_in_use_are_those_outside_the_visible_ones(monkeypatch, visib
 def test_the_report_says_when_other_gpus_of_the_host_were_in_use(monkeypatch):
     from samoyeds_vllm.bench import e2e
 
-    dense = _result("dense, bf16", {1: 235})
+    dense = _result("dense, bf16", {1: 235, 16: 1227})
+    first, second = dense["throughput"]
     monkeypatch.setattr(e2e, "other_gpus_in_use", lambda: {"1": 20.5})
-    e2e.note_shared_host(dense)
+    e2e.note_shared_host(dense, [first])
     monkeypatch.setattr(e2e, "other_gpus_in_use", lambda: {"1": 60.0})
-    e2e.note_shared_host(dense)
+    e2e.note_shared_host(dense, [])
     monkeypatch.setattr(e2e, "other_gpus_in_use", dict)
-    e2e.note_shared_host(dense)
+    e2e.note_shared_host(dense, [second])
     assert dense["other_gpus_in_use"] == {"1": 60.0}  # the most seen
+    assert first["other_gpus_in_use"] == {"1": 20.5} and "other_gpus_in_use" not in second
     results = {"preset": "p", "date": "d", "device": "g", "vllm": "v", "torch": "t", "engine_args": []}
     text = markdown({**results, "variants": {"dense": dense, "samoyeds": _result("samoyeds(V=128), bf16", {1: 266})}})
-    assert "**Other GPUs of the host were in use** while these ran (dense: GPU 1 60.0 GiB)" in text
+    assert "**Other GPUs of the host were in use** while these ran (dense: GPU 1: 60.0 GiB)" in text
     assert "Other GPUs" not in markdown({**results, "variants": {"samoyeds": _result("samoyeds", {1: 266})}})

@@ -35,6 +35,7 @@ def main() -> None:
             if not result:
                 result = {k: v for k, v in saved.items() if k not in ("throughput", "offline_engines")}
                 result["throughput"], result["offline_engines"] = [], {}
+            assert saved["settings"] == result["settings"], f"{run}: {variant} measured with other settings"
             rows = [
                 {**row, "run": run}
                 for row in saved["throughput"]
@@ -42,7 +43,11 @@ def main() -> None:
                 and (batches is None or row["batch_size"] in batches)
             ]
             result["throughput"] += rows
-            result["offline_engines"][mix] = saved["offline_engines"][mix]
+            # a mix's points from two runs: engines of the same flags and KV cache, the first run's record kept
+            engine = result["offline_engines"].setdefault(mix, saved["offline_engines"][mix])
+            assert engine["kv_cache_tokens"] == saved["offline_engines"][mix]["kv_cache_tokens"], f"{run}: {mix}"
+        points = [(r["input_len"], r["output_len"], r["batch_size"]) for r in result["throughput"]]
+        assert len(points) == len(set(points)), f"{variant}: a point taken from two runs"
         result["throughput"].sort(key=lambda row: (row["input_len"], row["output_len"], row["batch_size"]))
         (merged / f"variant-{variant}.json").write_text(json.dumps(result, indent=2) + "\n")
 
