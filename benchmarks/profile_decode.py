@@ -170,7 +170,8 @@ def profile_variant(
 ) -> dict:
     """One engine (run in its own process): for each batch, `steps` tokens for `batch` sequences of `prompt_len`
     prompt tokens, untimed, then timed under the profiler; with `cached_prompts` the timed run finds its prompts in
-    the prefix cache the untimed one filled, so its steps are decodes at that context, without its prefill."""
+    the prefix cache the untimed one filled, so its steps are decodes at that context after one short step that
+    recomputes each prompt's last block."""
     from vllm import LLM, SamplingParams
 
     trace_root = (out / f"trace-{model.name}").resolve()
