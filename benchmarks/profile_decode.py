@@ -16,11 +16,16 @@ trace is split among its kernels (where kernels overlap, as dependent launches d
 earliest-started one: kernel_times), summed by category (kernel-name patterns below) and divided by the tokens
 generated per sequence (any prefill included; the JSON's `*_per_step` keys, kept for older results, mean per
 generated token); the wall time is measured around generate, and the GPU idle time is what of it no kernel covers
-(host work between kernels and steps). A profiled run with a GPU gap of a second or more (a kernel compiled on first
-use) is profiled again, three runs at most. Writes DIR/profile-decode.json and DIR/profile-decode.png (a bar per
-variant and batch, split so) and prints a table. On a CPU there are no GPU kernels: only wall times.
+(host work between kernels and steps, and generate's own: adding the requests, finishing the outputs). The steady
+decode steps are also measured alone ("decode" rows, `decode_steps`): vLLM names each engine step in the trace, and
+from the start of one step that decodes the whole batch to the start of the next are its wall and kernel times,
+averaged over the run's such steps (so the prompts' prefill and the run's start and end drop out). A profiled run
+with a GPU gap of a second or more (a kernel compiled on first use) is profiled again, three runs at most. Writes
+DIR/profile-decode.json and DIR/profile-decode.png (a bar per variant and batch, split so), keeps the traces in
+DIR/trace-VARIANT-bBATCH, and prints a table. On a CPU there are no GPU kernels: only wall times.
 
     python benchmarks/profile_decode.py --out DIR --replot     # the table and plot again from DIR's JSON
+    python benchmarks/profile_decode.py --out DIR --reread     # the decode steps again from DIR's traces, then that
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import heapq
+import itertools
 import json
 import os
 import re
@@ -55,22 +61,38 @@ STALL_US = 1e6
 PROFILE_ATTEMPTS = 3
 
 
+STEP = re.compile(r"execute_context_(\d+)\(.*\)_generation_(\d+)\(.*\)")
+
+
 def category(kernel: str) -> str:
     return next((name for name, pattern in CATEGORIES if pattern.search(kernel)), "other")
 
 
-def trace_kernels(trace_dir: Path) -> list[tuple[str, float, float]]:
-    """(name, start µs, duration µs) of every GPU kernel in the torch-profiler traces in `trace_dir`."""
-    kernels = []
+def _trace_events(trace_dir: Path, cat: str) -> list[dict]:
+    """The events of category `cat` in the torch-profiler traces in `trace_dir`."""
+    events = []
     for path in sorted(trace_dir.glob("*.json*")):
         with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
-            events = json.load(f).get("traceEvents", [])
-        kernels += [
-            (e.get("name", ""), float(e.get("ts", 0)), float(e.get("dur", 0)))
-            for e in events
-            if e.get("cat") == "kernel"
-        ]
-    return kernels
+            events += [e for e in json.load(f).get("traceEvents", []) if e.get("cat") == cat]
+    return events
+
+
+def trace_kernels(trace_dir: Path) -> list[tuple[str, float, float]]:
+    """(name, start µs, duration µs) of every GPU kernel in the torch-profiler traces in `trace_dir`."""
+    return [
+        (e.get("name", ""), float(e.get("ts", 0)), float(e.get("dur", 0))) for e in _trace_events(trace_dir, "kernel")
+    ]
+
+
+def trace_steps(trace_dir: Path) -> list[tuple[float, int, int]]:
+    """(start µs, prefill requests, decode requests) of each engine step in the traces in `trace_dir`, in time
+    order: vLLM's GPU worker names each step's model run after its "context" (prefill) and "generation" (decode)
+    requests and tokens (`annotate_profile` in vllm/v1/worker/gpu_worker.py, two spellings)."""
+    steps = []
+    for e in _trace_events(trace_dir, "user_annotation"):
+        if match := STEP.fullmatch(e.get("name", "")):
+            steps.append((float(e.get("ts", 0)), int(match[1]), int(match[2])))
+    return sorted(steps)
 
 
 def kernel_spans(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
@@ -155,6 +177,37 @@ def by_category(times: dict[str, float]) -> dict[str, float]:
     return dict(totals)
 
 
+def decode_steps(
+    kernels: list[tuple[str, float, float]], steps: list[tuple[float, int, int]], batch: int
+) -> dict | None:
+    """The steady decode steps of a profiled run: each window from the start of a step that decodes the whole batch
+    and prefills nothing to the start of the next such step, when that one follows it directly; per window its wall
+    time and its kernels' time by category (a kernel cut at the window's edges), averaged over the windows. With
+    vLLM's asynchronous scheduling a step's kernels may still run when the next step's host work starts, so a window
+    holds the end of one step's kernels and the start of the next's: over consecutive windows each instant counts
+    once. None when the trace names no two such steps in a row (a CPU run, a run shorter than three steps)."""
+    windows = [
+        (start, end)
+        for (start, *kind), (end, *next_kind) in itertools.pairwise(steps)
+        if kind == next_kind == [0, batch]
+    ]
+    if not windows:
+        return None
+    busy, categories = 0.0, defaultdict(float)
+    for start, end in windows:
+        cut = [(n, max(s, start), min(s + d, end) - max(s, start)) for n, s, d in kernels if s < end and s + d > start]
+        busy += busy_time(cut)
+        for name, us in by_category(kernel_times(cut)).items():
+            categories[name] += us
+    count = len(windows)
+    return {
+        "steps": count,
+        "wall_ms": sum(end - start for start, end in windows) / count / 1e3,
+        "gpu_busy_ms": busy / count / 1e3,
+        "kernel_ms": {name: us / count / 1e3 for name, us in sorted(categories.items())},
+    }
+
+
 def _new_traces(trace_root: Path, seen: set[Path], into: Path, wait_s: float = 60.0) -> None:
     """Moves the trace files the last profile wrote into `into` (the workers may still be writing them)."""
     deadline = time.monotonic() + wait_s
@@ -221,6 +274,7 @@ def profile_variant(
             "cached_prompt_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
             "gpu_busy_ms_per_step": busy_time(kernels) / 1e3 / steps,
             "kernel_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(by_category(times).items())},
+            "decode_steps": decode_steps(kernels, trace_steps(trace_dir), batch),  # ms per step, not per token
             "largest_gpu_gaps": gaps,
             "top_kernels_us_per_step": [
                 {"name": name[:160], "category": category(name), "us": us / steps, "span_us": spans[name] / steps}
@@ -230,23 +284,50 @@ def profile_variant(
     return results
 
 
+def rows(results: dict) -> list[tuple[str, str, float, float, dict, bool]]:
+    """(label, batch, wall ms, GPU busy ms, kernel ms by category, stalled) per variant and batch: the whole profiled
+    run per generated token, then, where the trace has them, its steady decode steps (decode_steps) per step, which
+    is per generated token too (a decode step gives each sequence one)."""
+    out = []
+    for variant, per_batch in results.items():
+        for batch, r in per_batch.items():
+            out.append(
+                (
+                    variant,
+                    batch,
+                    r["wall_ms_per_step"],
+                    r["gpu_busy_ms_per_step"],
+                    r["kernel_ms_per_step"],
+                    r.get("stalled", False),
+                )
+            )
+            if steady := r.get("decode_steps"):
+                out.append(
+                    (f"{variant} decode", batch, steady["wall_ms"], steady["gpu_busy_ms"], steady["kernel_ms"], False)
+                )
+    return out
+
+
 def table(results: dict) -> str:
     names = [name for name, _ in CATEGORIES] + ["other"]
     lines = [
-        f"{'variant':>12} {'batch':>5} {'wall ms':>8} {'GPU idle':>8} "
+        f"{'variant':>19} {'batch':>5} {'wall ms':>8} {'GPU idle':>8} "
         + " ".join(f"{n:>9}" for n in names)
         + f" {'kernels':>8}  (ms per generated token of a sequence)"
     ]
-    for variant, per_batch in results.items():
-        for batch, r in per_batch.items():
-            k = r["kernel_ms_per_step"]
-            idle = r["wall_ms_per_step"] - r["gpu_busy_ms_per_step"] if k else float("nan")
-            lines.append(
-                f"{variant:>12} {batch:>5} {r['wall_ms_per_step']:>8.2f} {idle:>8.2f} "
-                + " ".join(f"{k.get(n, 0.0):>9.2f}" for n in names)
-                + f" {sum(k.values()):>8.2f}"
-                + ("  * stalled" if r.get("stalled") else "")
-            )
+    for label, batch, wall, busy, k, stalled in rows(results):
+        idle = wall - busy if k else float("nan")
+        lines.append(
+            f"{label:>19} {batch:>5} {wall:>8.2f} {idle:>8.2f} "
+            + " ".join(f"{k.get(n, 0.0):>9.2f}" for n in names)
+            + f" {sum(k.values()):>8.2f}"
+            + ("  * stalled" if stalled else "")
+        )
+    if any(r.get("decode_steps") for per_batch in results.values() for r in per_batch.values()):
+        lines.append(
+            "'decode': the profiled run's steady decode steps alone (each from the start of a step decoding the whole"
+            " batch to the start of the next; the prompts' prefill steps and the run's start and end left out)"
+        )
     if any(r.get("stalled") for per_batch in results.values() for r in per_batch.values()):
         lines.append(
             f"* every profiled run had a GPU gap of {STALL_US / 1e6:.0f} s or more (a kernel compiled on first use):"
@@ -273,19 +354,15 @@ def plot(record: dict, path: Path) -> None:
     if not any(r["kernel_ms_per_step"] for per_batch in results.values() for r in per_batch.values()):
         return
     parts = {"moe": "MoE", "attention": "attention", "gemm": "other GEMMs", "other": "rest", "idle": "GPU idle"}
-    fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 0.6 * len(results) + 1.6), squeeze=False)
+    bars = rows(results)
+    per_panel = max(sum(str(b) == str(batch) for _, b, *_ in bars) for batch in batches)
+    fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 0.6 * per_panel + 1.6), squeeze=False)
     for ax, batch in zip(axes[0], batches, strict=True):
-        names = [n for n in results if str(batch) in results[n]]  # batches are JSON keys: strings
-        rows = [results[n][str(batch)] for n in names]
-        left = [0.0] * len(rows)
+        panel = [bar for bar in bars if str(bar[1]) == str(batch)]  # batches are JSON keys: strings
+        left = [0.0] * len(panel)
         for part, label in parts.items():
-            widths = [
-                r["wall_ms_per_step"] - r["gpu_busy_ms_per_step"]
-                if part == "idle"
-                else r["kernel_ms_per_step"].get(part, 0.0)
-                for r in rows
-            ]
-            ax.barh(names, widths, left=left, label=label)
+            widths = [wall - busy if part == "idle" else k.get(part, 0.0) for _, _, wall, busy, k, _ in panel]
+            ax.barh([bar[0] for bar in panel], widths, left=left, label=label)
             left = [a + b for a, b in zip(left, widths, strict=True)]
         ax.invert_yaxis()
         ax.set_xlabel("ms per generated token of a sequence")
@@ -316,11 +393,23 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--out", required=True)
     parser.add_argument("--replot", action="store_true", help="only the table and plot of OUT/profile-decode.json")
+    parser.add_argument(
+        "--reread",
+        action="store_true",
+        help="the steady decode steps of OUT/profile-decode.json again from the traces kept in OUT, then --replot",
+    )
     parser.add_argument("--worker", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = Path(args.out)
-    if args.replot:
+    if args.replot or args.reread:
         record = json.loads((out / "profile-decode.json").read_text())
+        for variant, per_batch in record["results"].items() if args.reread else ():
+            for batch, result in per_batch.items():
+                trace_dir = out / f"trace-{variant}-b{batch}"
+                if not trace_dir.is_dir():
+                    sys.exit(f"no traces of {variant} at batch {batch} in {trace_dir}")
+                result["decode_steps"] = decode_steps(trace_kernels(trace_dir), trace_steps(trace_dir), int(batch))
+            (out / "profile-decode.json").write_text(json.dumps(record, indent=2) + "\n")
         print(table(record["results"]))
         plot(record, out / "profile-decode.png")
         return

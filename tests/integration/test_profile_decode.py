@@ -35,6 +35,51 @@ def test_kernel_times_by_category(tmp_path):
     assert profile_decode.by_category(times) == {"moe": 53.0, "attention": 7.0, "gemm": 5.0, "other": 2.0}
 
 
+def test_steady_decode_steps_are_the_windows_between_whole_batch_decodes(tmp_path):
+    """Windows from one step decoding the whole batch to the next such step; kernels cut at the windows' edges."""
+    steps = [
+        (0, "execute_context_3(48)_generation_0(0)"),  # the prompts' prefill: no window
+        (100, "execute_context_0(0)_generation_3(3)"),
+        (200, "execute_context_0(0)_generation_3(3)"),
+        (300, "execute_context_0(sq0sk0sqsq0sqsk0)_generation_3(sq3sk3090sqsq3sqsk3090)"),  # the detailed spelling
+        (400, "execute_context_0(0)_generation_3(3)"),
+        (500, "execute_context_0(0)_generation_2(2)"),  # a sequence finished: the last window ends here
+    ]
+    events = [{"cat": "user_annotation", "name": n, "ts": ts, "dur": 5} for ts, n in steps]
+    events += [
+        {"cat": "kernel", "name": "fused_moe_kernel", "ts": 10, "dur": 80},  # the prefill's, outside every window
+        {"cat": "kernel", "name": "fused_moe_kernel", "ts": 110, "dur": 40},
+        {
+            "cat": "kernel",
+            "name": "flash_fwd_kernel",
+            "ts": 190,
+            "dur": 40,
+        },  # 10 µs in the first window, 30 in the next
+        {"cat": "kernel", "name": "fused_moe_kernel", "ts": 310, "dur": 50},
+        {"cat": "kernel", "name": "nvjet_tst", "ts": 420, "dur": 60},  # after the last window
+        {"cat": "gpu_user_annotation", "name": "execute_context_0(0)_generation_3(3)", "ts": 100, "dur": 5},
+    ]
+    with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    found = profile_decode.trace_steps(tmp_path)
+    assert [(ts, prefill, decode) for ts, prefill, decode in found] == [
+        (0, 3, 0),
+        (100, 0, 3),
+        (200, 0, 3),
+        (300, 0, 3),
+        (400, 0, 3),
+        (500, 0, 2),
+    ]
+    steady = profile_decode.decode_steps(profile_decode.trace_kernels(tmp_path), found, 3)
+    assert steady == {
+        "steps": 3,
+        "wall_ms": 0.1,
+        "gpu_busy_ms": pytest.approx((40 + 10 + 30 + 50) / 3 / 1e3),
+        "kernel_ms": {"attention": pytest.approx(40 / 3 / 1e3), "moe": pytest.approx(90 / 3 / 1e3)},
+    }
+    assert profile_decode.decode_steps([], found[:2], 3) is None  # no two whole-batch decode steps in a row
+
+
 def test_overlapping_kernels_time_goes_to_the_one_started_first():
     """A dependent launch starts while the kernel before it runs and waits: the overlap is the earlier kernel's."""
     kernels = [("a", 0.0, 10.0), ("b", 6.0, 9.0), ("c", 7.0, 2.0), ("d", 20.0, 4.0), ("b", 22.0, 10.0)]
@@ -56,6 +101,38 @@ def test_the_table_marks_a_profile_that_stalled_on_a_compile():
     rows = text.splitlines()
     assert rows[1].endswith("* stalled") and not rows[2].endswith("stalled")
     assert "wall and idle times include it" in rows[-1]
+
+
+def test_the_table_and_plot_show_the_steady_decode_steps_beside_the_run(tmp_path):
+    steady = {"steps": 30, "wall_ms": 15.5, "gpu_busy_ms": 14.1, "kernel_ms": {"moe": 4.5, "attention": 7.6}}
+    step = {"wall_ms_per_step": 53.3, "gpu_busy_ms_per_step": 15.4, "kernel_ms_per_step": {"moe": 5.1}}
+    results = {"samoyeds-fp8": {"256": {**step, "decode_steps": steady}}, "dense-fp8": {"256": step}}
+    rows = profile_decode.table(results).splitlines()
+    assert rows[2].split()[:4] == ["samoyeds-fp8", "decode", "256", "15.50"] and rows[2].split()[4] == "1.40"
+    assert rows[3].split()[0] == "dense-fp8" and rows[-1].startswith("'decode'")
+    pytest.importorskip("matplotlib")
+    profile_decode.plot({"preset": "p", "date": "d", "results": results}, tmp_path / "profile-decode.png")
+    assert (tmp_path / "profile-decode.png").stat().st_size > 0
+
+
+def test_reread_fills_the_decode_steps_from_the_kept_traces(tmp_path):
+    step = {"wall_ms_per_step": 5.0, "gpu_busy_ms_per_step": 1.0, "kernel_ms_per_step": {"moe": 1.0}}
+    record = {"preset": "p", "date": "d", "results": {"dense": {"2": step}}}
+    (tmp_path / "profile-decode.json").write_text(json.dumps(record))
+    reread = [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--reread"]
+    missing = subprocess.run(reread, capture_output=True, text=True)
+    assert missing.returncode != 0 and "no traces of dense at batch 2" in missing.stderr
+    (tmp_path / "trace-dense-b2").mkdir()
+    events = [
+        {"cat": "user_annotation", "name": "execute_context_0(0)_generation_2(2)", "ts": ts, "dur": 1}
+        for ts in (0, 1000, 2000)
+    ] + [{"cat": "kernel", "name": "fused_moe_kernel", "ts": 100, "dur": 500}]
+    (tmp_path / "trace-dense-b2" / "worker.pt.trace.json").write_text(json.dumps({"traceEvents": events}))
+    done = subprocess.run(reread, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    steady = json.loads((tmp_path / "profile-decode.json").read_text())["results"]["dense"]["2"]["decode_steps"]
+    assert steady == {"steps": 2, "wall_ms": 1.0, "gpu_busy_ms": 0.25, "kernel_ms": {"moe": 0.25}}
+    assert "dense decode" in done.stdout
 
 
 def test_plot_has_a_panel_per_batch_and_a_bar_per_variant(tmp_path):
