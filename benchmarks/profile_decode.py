@@ -10,18 +10,19 @@ under vLLM's torch profiler. With the default 8-token prompts the profiled steps
 at a batch of 256 they are mostly that prefill, in steps of vLLM's default batched-token budget (16384 in `LLM` on
 an H200, vLLM 0.26), as `bench e2e`'s 1024:256 mix starts. With --cached-prompts the profiled run finds its prompts
 in the prefix cache the untimed run filled (while the KV cache holds them; `cached_prompt_tokens` says how many
-hit): vLLM still recomputes each prompt's last block (a hit covers whole blocks and never a prompt's last token), one
-short prefill step, and the rest are decodes at that context; more --steps dilute that step. The GPU time of each
-trace is split among its kernels (where kernels overlap, as dependent launches do, each instant goes to the
+hit): vLLM still recomputes each prompt's last block (a hit covers whole blocks and never a prompt's last token), in
+one or two short prefill steps, and the rest are decodes at that context; more --steps dilute those. The GPU time
+of each trace is split among its kernels (where kernels overlap, as dependent launches do, each instant goes to the
 earliest-started one: kernel_times), summed by category (kernel-name patterns below) and divided by the tokens
 generated per sequence (any prefill included; the JSON's `*_per_step` keys, kept for older results, mean per
 generated token); the wall time is measured around generate, and the GPU idle time is what of it no kernel covers
 (host work between kernels and steps, and generate's own: adding the requests, finishing the outputs). The steady
 decode steps are also measured alone ("decode" rows, `decode_steps`): vLLM names each engine step in the trace, and
-from the start of one step that decodes the whole batch to the start of the next are its wall and kernel times,
-averaged over the run's such steps (so the prompts' prefill and the run's start and end drop out). A profiled run
+from the GPU start of one step that decodes the whole batch to the start of the next are its wall and kernel times,
+averaged over the run's such steps (so the prompts' prefill and the run's start and end drop out; the median wall
+too). A profiled run
 with a GPU gap of a second or more (a kernel compiled on first use) is profiled again, three runs at most. Writes
-DIR/profile-decode.json and DIR/profile-decode.png (a bar per variant and batch, split so), keeps the traces in
+DIR/profile-decode.json and DIR/profile-decode.png (a bar per row of the table, split so), keeps the traces in
 DIR/trace-VARIANT-bBATCH, and prints a table. On a CPU there are no GPU kernels: only wall times.
 
     python benchmarks/profile_decode.py --out DIR --replot     # the table and plot again from DIR's JSON
@@ -31,6 +32,7 @@ DIR/trace-VARIANT-bBATCH, and prints a table. On a CPU there are no GPU kernels:
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import heapq
 import itertools
@@ -38,11 +40,13 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 from samoyeds_vllm.bench.e2e import VARIANTS, variant_env
 
@@ -61,7 +65,11 @@ STALL_US = 1e6
 PROFILE_ATTEMPTS = 3
 
 
-STEP = re.compile(r"execute_context_(\d+)\(.*\)_generation_(\d+)\(.*\)")
+# vLLM's GPU worker names each engine step after its "context" (prefill) and "generation" (decode) requests and
+# tokens (`annotate_profile` in vllm/v1/worker/gpu_worker.py), with the step's token count and per-phase sums when
+# its detailed_trace_annotation is on: `execute_context_0(0)_generation_256(256)`,
+# `execute_256_context_0(sq0sk0sqsq0sqsk0)_generation_256(sq256sk270592sqsq256sqsk270592)`.
+STEP = re.compile(r"execute_(?:\d+_)?context_(\d+)\([^)]*\)_generation_(\d+)\([^)]*\)")
 
 
 def category(kernel: str) -> str:
@@ -85,11 +93,11 @@ def trace_kernels(trace_dir: Path) -> list[tuple[str, float, float]]:
 
 
 def trace_steps(trace_dir: Path) -> list[tuple[float, int, int]]:
-    """(start µs, prefill requests, decode requests) of each engine step in the traces in `trace_dir`, in time
-    order: vLLM's GPU worker names each step's model run after its "context" (prefill) and "generation" (decode)
-    requests and tokens (`annotate_profile` in vllm/v1/worker/gpu_worker.py, two spellings)."""
+    """(start µs, prefill requests, decode requests) of each engine step (STEP) in the traces in `trace_dir`, in time
+    order. The start is on the GPU's clock, where the step's first kernel starts (the profiler's GPU-side copy of the
+    host's annotation), so a window between two starts holds that step's kernels and no other's. A CPU run has none."""
     steps = []
-    for e in _trace_events(trace_dir, "user_annotation"):
+    for e in _trace_events(trace_dir, "gpu_user_annotation"):
         if match := STEP.fullmatch(e.get("name", "")):
             steps.append((float(e.get("ts", 0)), int(match[1]), int(match[2])))
     return sorted(steps)
@@ -180,12 +188,11 @@ def by_category(times: dict[str, float]) -> dict[str, float]:
 def decode_steps(
     kernels: list[tuple[str, float, float]], steps: list[tuple[float, int, int]], batch: int
 ) -> dict | None:
-    """The steady decode steps of a profiled run: each window from the start of a step that decodes the whole batch
-    and prefills nothing to the start of the next such step, when that one follows it directly; per window its wall
-    time and its kernels' time by category (a kernel cut at the window's edges), averaged over the windows. With
-    vLLM's asynchronous scheduling a step's kernels may still run when the next step's host work starts, so a window
-    holds the end of one step's kernels and the start of the next's: over consecutive windows each instant counts
-    once. None when the trace names no two such steps in a row (a CPU run, a run shorter than three steps)."""
+    """The steady decode steps of a profiled run: each window from the GPU start of a step (trace_steps) that decodes
+    the whole batch and prefills nothing to the start of the next such step, when that one follows it directly; per
+    window its wall time (the step's kernels, the sampling after them, and the GPU's wait for the next step) and its
+    kernels' time by category (a kernel cut at the window's edges), averaged over the windows (`windows`: one per
+    step measured). None when the trace has no two such steps in a row (a CPU run, a run of too few tokens)."""
     windows = [
         (start, end)
         for (start, *kind), (end, *next_kind) in itertools.pairwise(steps)
@@ -193,19 +200,37 @@ def decode_steps(
     ]
     if not windows:
         return None
+    # sorted by start, so that a window's kernels keep their launch order once cut (kernel_times gives an instant
+    # to the earliest-started kernel); a window looks only as far back as the longest kernel
+    kernels = sorted(kernels, key=lambda k: k[1])
+    starts, longest = [k[1] for k in kernels], max((k[2] for k in kernels), default=0.0)
     busy, categories = 0.0, defaultdict(float)
     for start, end in windows:
-        cut = [(n, max(s, start), min(s + d, end) - max(s, start)) for n, s, d in kernels if s < end and s + d > start]
+        near = kernels[bisect.bisect_left(starts, start - longest) : bisect.bisect_left(starts, end)]
+        cut = [(n, max(s, start), min(s + d, end) - max(s, start)) for n, s, d in near if s + d > start]
         busy += busy_time(cut)
         for name, us in by_category(kernel_times(cut)).items():
             categories[name] += us
     count = len(windows)
     return {
-        "steps": count,
+        "windows": count,
         "wall_ms": sum(end - start for start, end in windows) / count / 1e3,
+        "median_wall_ms": statistics.median(end - start for start, end in windows) / 1e3,  # the first steps can lag
         "gpu_busy_ms": busy / count / 1e3,
         "kernel_ms": {name: us / count / 1e3 for name, us in sorted(categories.items())},
     }
+
+
+def traces_of(out: Path, variant: str, batch: int | str) -> Path:
+    """Where the traces of a variant's profiled run at `batch` are kept."""
+    return out / f"trace-{variant}-b{batch}"
+
+
+def _write_json(path: Path, record: dict) -> None:
+    """Writes `record` to `path` whole or not at all (an interrupted write leaves the old file)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(part, path)
 
 
 def _new_traces(trace_root: Path, seen: set[Path], into: Path, wait_s: float = 60.0) -> None:
@@ -223,8 +248,8 @@ def profile_variant(
 ) -> dict:
     """One engine (run in its own process): for each batch, `steps` tokens for `batch` sequences of `prompt_len`
     prompt tokens, untimed, then timed under the profiler; with `cached_prompts` the timed run finds its prompts in
-    the prefix cache the untimed one filled, so its steps are decodes at that context after one short step that
-    recomputes each prompt's last block."""
+    the prefix cache the untimed one filled, so its steps are decodes at that context after one or two short steps
+    that recompute each prompt's last block."""
     from vllm import LLM, SamplingParams
 
     trace_root = (out / f"trace-{model.name}").resolve()
@@ -257,10 +282,10 @@ def profile_variant(
             outputs = llm.generate(prompts, params, use_tqdm=False)
             wall = time.perf_counter() - start
             llm.stop_profile()
-            trace_dir = out / f"trace-{model.name}-b{batch}"
-            shutil.rmtree(trace_dir, ignore_errors=True)  # a stalled run's traces
-            _new_traces(trace_root, seen, trace_dir)
-            kernels = trace_kernels(trace_dir)
+            traces = traces_of(out, model.name, batch)
+            shutil.rmtree(traces, ignore_errors=True)  # a stalled run's traces
+            _new_traces(trace_root, seen, traces)
+            kernels = trace_kernels(traces)
             gaps = largest_gaps(kernels)
             stalled = stalled_on_a_compile(gaps)
             if not stalled or runs == PROFILE_ATTEMPTS:
@@ -274,7 +299,7 @@ def profile_variant(
             "cached_prompt_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
             "gpu_busy_ms_per_step": busy_time(kernels) / 1e3 / steps,
             "kernel_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(by_category(times).items())},
-            "decode_steps": decode_steps(kernels, trace_steps(trace_dir), batch),  # ms per step, not per token
+            "decode_steps": decode_steps(kernels, trace_steps(traces), batch),  # ms per step: a token a sequence
             "largest_gpu_gaps": gaps,
             "top_kernels_us_per_step": [
                 {"name": name[:160], "category": category(name), "us": us / steps, "span_us": spans[name] / steps}
@@ -284,49 +309,70 @@ def profile_variant(
     return results
 
 
-def rows(results: dict) -> list[tuple[str, str, float, float, dict, bool]]:
-    """(label, batch, wall ms, GPU busy ms, kernel ms by category, stalled) per variant and batch: the whole profiled
-    run per generated token, then, where the trace has them, its steady decode steps (decode_steps) per step, which
-    is per generated token too (a decode step gives each sequence one)."""
+class Row(NamedTuple):
+    """A bar of the plot and a line of the table: ms per generated token of a sequence."""
+
+    label: str
+    batch: str
+    wall_ms: float
+    gpu_busy_ms: float
+    kernel_ms: dict
+    stalled: bool
+
+
+def rows(results: dict) -> list[Row]:
+    """Per variant and batch the whole profiled run, then, where the trace has them, its steady decode steps
+    (decode_steps; a decode step gives each sequence a token, so ms per step is ms per generated token)."""
     out = []
     for variant, per_batch in results.items():
         for batch, r in per_batch.items():
+            stalled = r.get("stalled", False)
             out.append(
-                (
+                Row(
                     variant,
-                    batch,
+                    str(batch),
                     r["wall_ms_per_step"],
                     r["gpu_busy_ms_per_step"],
                     r["kernel_ms_per_step"],
-                    r.get("stalled", False),
+                    stalled,
                 )
             )
-            if steady := r.get("decode_steps"):
+            if steady := r.get("decode_steps"):  # a compile's gap may fall in a window too: marked the same
                 out.append(
-                    (f"{variant} decode", batch, steady["wall_ms"], steady["gpu_busy_ms"], steady["kernel_ms"], False)
+                    Row(
+                        f"{variant} decode",
+                        str(batch),
+                        steady["wall_ms"],
+                        steady["gpu_busy_ms"],
+                        steady["kernel_ms"],
+                        stalled,
+                    )
                 )
     return out
 
 
 def table(results: dict) -> str:
     names = [name for name, _ in CATEGORIES] + ["other"]
+    lines_of = rows(results)
+    width = max([len("variant")] + [len(row.label) for row in lines_of])
     lines = [
-        f"{'variant':>19} {'batch':>5} {'wall ms':>8} {'GPU idle':>8} "
+        f"{'variant':>{width}} {'batch':>5} {'wall ms':>8} {'GPU idle':>8} "
         + " ".join(f"{n:>9}" for n in names)
         + f" {'kernels':>8}  (ms per generated token of a sequence)"
     ]
-    for label, batch, wall, busy, k, stalled in rows(results):
-        idle = wall - busy if k else float("nan")
+    for row in lines_of:
+        k = row.kernel_ms
+        idle = row.wall_ms - row.gpu_busy_ms if k else float("nan")
         lines.append(
-            f"{label:>19} {batch:>5} {wall:>8.2f} {idle:>8.2f} "
+            f"{row.label:>{width}} {row.batch:>5} {row.wall_ms:>8.2f} {idle:>8.2f} "
             + " ".join(f"{k.get(n, 0.0):>9.2f}" for n in names)
             + f" {sum(k.values()):>8.2f}"
-            + ("  * stalled" if stalled else "")
+            + ("  * stalled" if row.stalled else "")
         )
     if any(r.get("decode_steps") for per_batch in results.values() for r in per_batch.values()):
         lines.append(
-            "'decode': the profiled run's steady decode steps alone (each from the start of a step decoding the whole"
-            " batch to the start of the next; the prompts' prefill steps and the run's start and end left out)"
+            "'decode': the profiled run's steady decode steps alone (each from the GPU start of a step decoding the"
+            " whole batch to the start of the next; the prompts' prefill steps and the run's start and end left out)"
         )
     if any(r.get("stalled") for per_batch in results.values() for r in per_batch.values()):
         lines.append(
@@ -339,8 +385,9 @@ def table(results: dict) -> str:
 
 
 def plot(record: dict, path: Path) -> None:
-    """A panel per batch size, a bar per variant: its ms per generated token split into the kernel categories and the
-    GPU's idle time (nothing without matplotlib, or without GPU kernels in the traces)."""
+    """A panel per batch size, a bar per row (rows: each variant's run, and its decode steps where measured): ms per
+    generated token split into the kernel categories and the GPU's idle time (nothing without matplotlib, or without
+    GPU kernels in the traces)."""
     try:
         import matplotlib
 
@@ -354,15 +401,16 @@ def plot(record: dict, path: Path) -> None:
     if not any(r["kernel_ms_per_step"] for per_batch in results.values() for r in per_batch.values()):
         return
     parts = {"moe": "MoE", "attention": "attention", "gemm": "other GEMMs", "other": "rest", "idle": "GPU idle"}
-    bars = rows(results)
-    per_panel = max(sum(str(b) == str(batch) for _, b, *_ in bars) for batch in batches)
-    fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 0.6 * per_panel + 1.6), squeeze=False)
-    for ax, batch in zip(axes[0], batches, strict=True):
-        panel = [bar for bar in bars if str(bar[1]) == str(batch)]  # batches are JSON keys: strings
+    panels = {batch: [row for row in rows(results) if row.batch == str(batch)] for batch in batches}
+    tallest = max(len(panel) for panel in panels.values())
+    fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 0.6 * tallest + 1.6), squeeze=False)
+    for ax, (batch, panel) in zip(axes[0], panels.items(), strict=True):
         left = [0.0] * len(panel)
         for part, label in parts.items():
-            widths = [wall - busy if part == "idle" else k.get(part, 0.0) for _, _, wall, busy, k, _ in panel]
-            ax.barh([bar[0] for bar in panel], widths, left=left, label=label)
+            widths = [
+                row.wall_ms - row.gpu_busy_ms if part == "idle" else row.kernel_ms.get(part, 0.0) for row in panel
+            ]
+            ax.barh([row.label for row in panel], widths, left=left, label=label)
             left = [a + b for a, b in zip(left, widths, strict=True)]
         ax.invert_yaxis()
         ax.set_xlabel("ms per generated token of a sequence")
@@ -373,6 +421,20 @@ def plot(record: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def reread(record: dict, out: Path) -> None:
+    """Each result's decode steps again from its traces kept in `out`; every result's traces are checked first."""
+    runs = [
+        (variant, batch, result)
+        for variant, per_batch in record["results"].items()
+        for batch, result in per_batch.items()
+    ]
+    if missing := [str(traces_of(out, v, b)) for v, b, _ in runs if not traces_of(out, v, b).is_dir()]:
+        sys.exit(f"no traces in {', '.join(missing)}")
+    for variant, batch, result in runs:
+        traces = traces_of(out, variant, batch)
+        result["decode_steps"] = decode_steps(trace_kernels(traces), trace_steps(traces), int(batch))
 
 
 def main() -> None:
@@ -387,7 +449,7 @@ def main() -> None:
         "--cached-prompts",
         action="store_true",
         help="keep the untimed run's prompts in the prefix cache: the profiled steps are decodes at --prompt-len "
-        "tokens of context after one step recomputing each prompt's last block, not that prefill",
+        "tokens of context after one or two steps recomputing each prompt's last block, not that prefill",
     )
     parser.add_argument("--max-model-len", type=int, default=None, help="default: max(1024, prompt + steps)")
     parser.add_argument("--enforce-eager", action="store_true")
@@ -403,13 +465,9 @@ def main() -> None:
     out = Path(args.out)
     if args.replot or args.reread:
         record = json.loads((out / "profile-decode.json").read_text())
-        for variant, per_batch in record["results"].items() if args.reread else ():
-            for batch, result in per_batch.items():
-                trace_dir = out / f"trace-{variant}-b{batch}"
-                if not trace_dir.is_dir():
-                    sys.exit(f"no traces of {variant} at batch {batch} in {trace_dir}")
-                result["decode_steps"] = decode_steps(trace_kernels(trace_dir), trace_steps(trace_dir), int(batch))
-            (out / "profile-decode.json").write_text(json.dumps(record, indent=2) + "\n")
+        if args.reread:
+            reread(record, out)
+            _write_json(out / "profile-decode.json", record)
         print(table(record["results"]))
         plot(record, out / "profile-decode.png")
         return
@@ -456,7 +514,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "results": results,
     }
-    (out / "profile-decode.json").write_text(json.dumps(record, indent=2) + "\n")
+    _write_json(out / "profile-decode.json", record)
     print(table(results))
     plot(record, out / "profile-decode.png")
 

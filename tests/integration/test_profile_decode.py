@@ -36,48 +36,65 @@ def test_kernel_times_by_category(tmp_path):
 
 
 def test_steady_decode_steps_are_the_windows_between_whole_batch_decodes(tmp_path):
-    """Windows from one step decoding the whole batch to the next such step; kernels cut at the windows' edges."""
+    """Windows from one step decoding the whole batch to the next such step, on the GPU's clock; kernels cut at the
+    windows' edges."""
     steps = [
         (0, "execute_context_3(48)_generation_0(0)"),  # the prompts' prefill: no window
         (100, "execute_context_0(0)_generation_3(3)"),
         (200, "execute_context_0(0)_generation_3(3)"),
-        (300, "execute_context_0(sq0sk0sqsq0sqsk0)_generation_3(sq3sk3090sqsq3sqsk3090)"),  # the detailed spelling
+        (
+            300,
+            "execute_3_context_0(sq0sk0sqsq0sqsk0)_generation_3(sq3sk3090sqsq3sqsk3090)",
+        ),  # detailed_trace_annotation
         (400, "execute_context_0(0)_generation_3(3)"),
         (500, "execute_context_0(0)_generation_2(2)"),  # a sequence finished: the last window ends here
     ]
-    events = [{"cat": "user_annotation", "name": n, "ts": ts, "dur": 5} for ts, n in steps]
+    events = [{"cat": "gpu_user_annotation", "name": n, "ts": ts, "dur": 5} for ts, n in steps]
     events += [
         {"cat": "kernel", "name": "fused_moe_kernel", "ts": 10, "dur": 80},  # the prefill's, outside every window
         {"cat": "kernel", "name": "fused_moe_kernel", "ts": 110, "dur": 40},
-        {
-            "cat": "kernel",
-            "name": "flash_fwd_kernel",
-            "ts": 190,
-            "dur": 40,
-        },  # 10 µs in the first window, 30 in the next
+        {"cat": "kernel", "name": "flash_fwd_kernel", "ts": 190, "dur": 40},  # 10 µs in one window, 30 in the next
         {"cat": "kernel", "name": "fused_moe_kernel", "ts": 310, "dur": 50},
         {"cat": "kernel", "name": "nvjet_tst", "ts": 420, "dur": 60},  # after the last window
-        {"cat": "gpu_user_annotation", "name": "execute_context_0(0)_generation_3(3)", "ts": 100, "dur": 5},
+        # the host's annotations run on the CPU's clock, ahead of the kernels: not the windows' edges
+        {"cat": "user_annotation", "name": "execute_context_0(0)_generation_3(3)", "ts": 150, "dur": 5},
     ]
     with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events}, f)
     found = profile_decode.trace_steps(tmp_path)
-    assert [(ts, prefill, decode) for ts, prefill, decode in found] == [
-        (0, 3, 0),
-        (100, 0, 3),
-        (200, 0, 3),
-        (300, 0, 3),
-        (400, 0, 3),
-        (500, 0, 2),
-    ]
+    assert found == [(0, 3, 0), (100, 0, 3), (200, 0, 3), (300, 0, 3), (400, 0, 3), (500, 0, 2)]
     steady = profile_decode.decode_steps(profile_decode.trace_kernels(tmp_path), found, 3)
     assert steady == {
-        "steps": 3,
+        "windows": 3,
         "wall_ms": 0.1,
+        "median_wall_ms": 0.1,
         "gpu_busy_ms": pytest.approx((40 + 10 + 30 + 50) / 3 / 1e3),
         "kernel_ms": {"attention": pytest.approx(40 / 3 / 1e3), "moe": pytest.approx(90 / 3 / 1e3)},
     }
     assert profile_decode.decode_steps([], found[:2], 3) is None  # no two whole-batch decode steps in a row
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "execute_context_0(0)_generation_2(2)x(3)",
+        "execute_context_0(0)_generation_3(3)_generation_4(4)",
+        "execute_context_0(0)_decode_2(2)",
+    ],
+)
+def test_a_step_name_of_another_shape_is_not_a_step(tmp_path, name):
+    (tmp_path / "t.json").write_text(
+        json.dumps({"traceEvents": [{"cat": "gpu_user_annotation", "name": name, "ts": 1}]})
+    )
+    assert profile_decode.trace_steps(tmp_path) == []
+
+
+def test_a_kernel_across_a_window_edge_keeps_its_time_before_one_started_after_it():
+    """Cut at the window's start, two kernels begin at the same instant: the one launched first keeps it."""
+    steps = [(100.0, 0, 1), (200.0, 0, 1)]
+    kernels = [("flash_fwd_kernel", 98.0, 10.0), ("fused_moe_kernel", 95.0, 20.0)]  # the trace's order, not the launch
+    steady = profile_decode.decode_steps(kernels, steps, 1)
+    assert steady["kernel_ms"] == {"moe": pytest.approx(15 / 1e3)} and steady["gpu_busy_ms"] == pytest.approx(15 / 1e3)
 
 
 def test_overlapping_kernels_time_goes_to_the_one_started_first():
@@ -104,35 +121,59 @@ def test_the_table_marks_a_profile_that_stalled_on_a_compile():
 
 
 def test_the_table_and_plot_show_the_steady_decode_steps_beside_the_run(tmp_path):
-    steady = {"steps": 30, "wall_ms": 15.5, "gpu_busy_ms": 14.1, "kernel_ms": {"moe": 4.5, "attention": 7.6}}
+    steady = {"windows": 30, "wall_ms": 15.5, "gpu_busy_ms": 14.1, "kernel_ms": {"moe": 4.5, "attention": 7.6}}
     step = {"wall_ms_per_step": 53.3, "gpu_busy_ms_per_step": 15.4, "kernel_ms_per_step": {"moe": 5.1}}
-    results = {"samoyeds-fp8": {"256": {**step, "decode_steps": steady}}, "dense-fp8": {"256": step}}
-    rows = profile_decode.table(results).splitlines()
-    assert rows[2].split()[:4] == ["samoyeds-fp8", "decode", "256", "15.50"] and rows[2].split()[4] == "1.40"
-    assert rows[3].split()[0] == "dense-fp8" and rows[-1].startswith("'decode'")
+    results = {"samoyeds-fp8": {"256": {**step, "decode_steps": steady}}, "dense-fp8-deepgemm": {"256": step}}
+    lines = profile_decode.table(results).splitlines()
+    assert lines[2].split()[:4] == ["samoyeds-fp8", "decode", "256", "15.50"] and lines[2].split()[4] == "1.40"
+    assert lines[3].split()[0] == "dense-fp8-deepgemm" and lines[-1].startswith("'decode'")
+    assert len({line.index(" 256 ") for line in lines[1:4]}) == 1  # the columns line up under the longest label
+    assert [row.label for row in profile_decode.rows(results)] == [
+        "samoyeds-fp8",
+        "samoyeds-fp8 decode",
+        "dense-fp8-deepgemm",
+    ]
     pytest.importorskip("matplotlib")
     profile_decode.plot({"preset": "p", "date": "d", "results": results}, tmp_path / "profile-decode.png")
     assert (tmp_path / "profile-decode.png").stat().st_size > 0
 
 
-def test_reread_fills_the_decode_steps_from_the_kept_traces(tmp_path):
-    step = {"wall_ms_per_step": 5.0, "gpu_busy_ms_per_step": 1.0, "kernel_ms_per_step": {"moe": 1.0}}
-    record = {"preset": "p", "date": "d", "results": {"dense": {"2": step}}}
-    (tmp_path / "profile-decode.json").write_text(json.dumps(record))
-    reread = [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--reread"]
-    missing = subprocess.run(reread, capture_output=True, text=True)
-    assert missing.returncode != 0 and "no traces of dense at batch 2" in missing.stderr
-    (tmp_path / "trace-dense-b2").mkdir()
+def _decode_trace(folder: Path, batch: int) -> None:
+    """Three whole-batch decode steps 1 ms apart, one kernel of 0.5 ms in the first."""
+    folder.mkdir()
     events = [
-        {"cat": "user_annotation", "name": "execute_context_0(0)_generation_2(2)", "ts": ts, "dur": 1}
+        {"cat": "gpu_user_annotation", "name": f"execute_context_0(0)_generation_{batch}({batch})", "ts": ts, "dur": 1}
         for ts in (0, 1000, 2000)
     ] + [{"cat": "kernel", "name": "fused_moe_kernel", "ts": 100, "dur": 500}]
-    (tmp_path / "trace-dense-b2" / "worker.pt.trace.json").write_text(json.dumps({"traceEvents": events}))
+    (folder / "worker.pt.trace.json").write_text(json.dumps({"traceEvents": events}))
+
+
+def test_reread_fills_the_decode_steps_from_the_kept_traces(tmp_path):
+    step = {"wall_ms_per_step": 5.0, "gpu_busy_ms_per_step": 1.0, "kernel_ms_per_step": {"moe": 1.0}}
+    record = {"preset": "p", "date": "d", "results": {"dense": {"2": step}, "samoyeds": {"2": step}}}
+    saved = tmp_path / "profile-decode.json"
+    saved.write_text(json.dumps(record))
+    reread = [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--reread"]
+    _decode_trace(tmp_path / "trace-dense-b2", 2)
+    missing = subprocess.run(reread, capture_output=True, text=True)
+    assert missing.returncode != 0 and "trace-samoyeds-b2" in missing.stderr and "trace-dense-b2" not in missing.stderr
+    assert json.loads(saved.read_text()) == record  # nothing written before every result's traces were found
+    _decode_trace(tmp_path / "trace-samoyeds-b2", 2)
     done = subprocess.run(reread, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    steady = json.loads((tmp_path / "profile-decode.json").read_text())["results"]["dense"]["2"]["decode_steps"]
-    assert steady == {"steps": 2, "wall_ms": 1.0, "gpu_busy_ms": 0.25, "kernel_ms": {"moe": 0.25}}
-    assert "dense decode" in done.stdout
+    results = json.loads(saved.read_text())["results"]
+    for variant in ("dense", "samoyeds"):
+        assert results[variant]["2"] == {
+            **step,
+            "decode_steps": {
+                "windows": 2,
+                "wall_ms": 1.0,
+                "median_wall_ms": 1.0,
+                "gpu_busy_ms": 0.25,
+                "kernel_ms": {"moe": 0.25},
+            },
+        }
+    assert "dense decode" in done.stdout and not list(tmp_path.glob("*.part"))
 
 
 def test_plot_has_a_panel_per_batch_and_a_bar_per_variant(tmp_path):
