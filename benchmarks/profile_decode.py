@@ -191,8 +191,9 @@ def decode_steps(
     """The steady decode steps of a profiled run: each window from the GPU start of a step (trace_steps) that decodes
     the whole batch and prefills nothing to the start of the next such step, when that one follows it directly; per
     window its wall time (the step's kernels, the sampling after them, and the GPU's wait for the next step) and its
-    kernels' time by category (a kernel cut at the window's edges), averaged over the windows (`windows`: one per
-    step measured). None when the trace has no two such steps in a row (a CPU run, a run of too few tokens)."""
+    kernels' time by category (a kernel cut at the window's edges) and of its TOP_KERNELS slowest kernels by name,
+    averaged over the windows (`windows`: one per step measured). None when the trace has no two such steps in a row
+    (a CPU run, a run of too few tokens)."""
     windows = [
         (start, end)
         for (start, *kind), (end, *next_kind) in itertools.pairwise(steps)
@@ -204,20 +205,21 @@ def decode_steps(
     # to the earliest-started kernel); a window looks only as far back as the longest kernel
     kernels = sorted(kernels, key=lambda k: k[1])
     starts, longest = [k[1] for k in kernels], max((k[2] for k in kernels), default=0.0)
-    busy, categories = 0.0, defaultdict(float)
+    busy, times = 0.0, defaultdict(float)
     for start, end in windows:
         near = kernels[bisect.bisect_left(starts, start - longest) : bisect.bisect_left(starts, end)]
         cut = [(n, max(s, start), min(s + d, end) - max(s, start)) for n, s, d in near if s + d > start]
         busy += busy_time(cut)
-        for name, us in by_category(kernel_times(cut)).items():
-            categories[name] += us
-    count = len(windows)
+        for name, us in kernel_times(cut).items():
+            times[name] += us
+    count, top = len(windows), sorted(times.items(), key=lambda item: -item[1])[:TOP_KERNELS]
     return {
         "windows": count,
         "wall_ms": sum(end - start for start, end in windows) / count / 1e3,
         "median_wall_ms": statistics.median(end - start for start, end in windows) / 1e3,  # the first steps can lag
         "gpu_busy_ms": busy / count / 1e3,
-        "kernel_ms": {name: us / count / 1e3 for name, us in sorted(categories.items())},
+        "kernel_ms": {name: us / count / 1e3 for name, us in sorted(by_category(times).items())},
+        "top_kernels_us": [{"name": name[:160], "category": category(name), "us": us / count} for name, us in top],
     }
 
 

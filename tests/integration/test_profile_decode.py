@@ -70,6 +70,10 @@ def test_steady_decode_steps_are_the_windows_between_whole_batch_decodes(tmp_pat
         "median_wall_ms": 0.1,
         "gpu_busy_ms": pytest.approx((40 + 10 + 30 + 50) / 3 / 1e3),
         "kernel_ms": {"attention": pytest.approx(40 / 3 / 1e3), "moe": pytest.approx(90 / 3 / 1e3)},
+        "top_kernels_us": [
+            {"name": "fused_moe_kernel", "category": "moe", "us": 30.0},
+            {"name": "flash_fwd_kernel", "category": "attention", "us": pytest.approx(40 / 3)},
+        ],
     }
     assert profile_decode.decode_steps([], found[:2], 3) is None  # no two whole-batch decode steps in a row
 
@@ -171,6 +175,7 @@ def test_reread_fills_the_decode_steps_from_the_kept_traces(tmp_path):
                 "median_wall_ms": 1.0,
                 "gpu_busy_ms": 0.25,
                 "kernel_ms": {"moe": 0.25},
+                "top_kernels_us": [{"name": "fused_moe_kernel", "category": "moe", "us": 250.0}],
             },
         }
     assert "dense decode" in done.stdout and not list(tmp_path.glob("*.part"))
