@@ -68,20 +68,22 @@ from ..tools.vllm_server import (
 )
 
 # Results of an earlier harness are not resumed into this one's: 1 had no untimed runs; 2 served through one API
-# server process with prefix caching on and warmed each level up with C requests only.
-HARNESS = 3
+# server process with prefix caching on and warmed each level up with C requests only; 3 made its models with a
+# tokenizer of 1000 tokens: most ids the models emit were unknown to it, which slowed vLLM's detokenizer with long
+# prompts (tools/tokenizer.py, _fill_vocab), and offline prompts were drawn from those 1000 ids, not the vocabulary.
+HARNESS = 4
 _RERUN_SEEDS = 1000  # serving seeds: 2C timed, 2C + 1 untimed, each + 1000 k for its k-th rerun, 1e6 + C probes
 PROBE_FACTORS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25)
 BATCH_SIZES = (1, 16, 64, 256, 1024)
 STAGES = ("offline", "serving", "capacity")
 #: API server processes in front of the engine while serving (vLLM's `--api-server-count`). One process saturated
 #: its CPU core at 256 streaming clients: on an H200 it held samoyeds FP8 Qwen3-30B-A3B at 11-15k output tokens/s
-#: where four gave 16-18.6k, so with one the comparison measures the front end. A setting a run resumes on: another
-#: number starts the variants over.
+#: where four gave 16-18.6k, so with one the comparison measures the front end (measured with harness 3, whose
+#: tokenizer slowed the detokenizer). A setting a run resumes on: another number starts the variants over.
 API_SERVERS = 4
 #: The serving flags besides the engine's and the API server count: no prefix caching. `vllm bench serve`'s random
-#: prompts are runs of consecutive token ids, and with the made-up models' 1000-token vocabulary many of them repeat
-#: (up to 82% prefix-cache hits were seen), which would skip prefills no real traffic skips.
+#: prompts are runs of consecutive token ids, and with the made-up models' former 1000-token vocabulary many of them
+#: repeated (up to 82% prefix-cache hits were seen), which would skip prefills no real traffic skips.
 _SERVER_FLAGS = ("--no-enable-prefix-caching",)
 
 

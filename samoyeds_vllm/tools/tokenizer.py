@@ -62,7 +62,8 @@ Thank you for your message. I have read it carefully, and I think your plan is a
 
 
 def build_tokenizer(out_dir: Path, vocab_size: int) -> dict[str, int]:
-    """Train the tokenizer to at most `vocab_size` tokens, save it into `out_dir`; return the special token ids.
+    """Train the tokenizer to at most DEFAULT_VOCAB_SIZE tokens, fill its vocabulary to `vocab_size` (_fill_vocab),
+    save it into `out_dir`; return the special token ids.
 
     The returned ids ("bos", "eos", "pad", "im_start", "im_end") go into the model's config.json, so the model and
     its tokenizer agree. Like Qwen, the tokenizer adds no BOS token; `<|endoftext|>` serves as bos, eos and pad.
@@ -87,7 +88,7 @@ def build_tokenizer(out_dir: Path, vocab_size: int) -> dict[str, int]:
     bpe.train_from_iterator(CORPUS.splitlines(keepends=True), trainer)
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
+        tokenizer_object=_fill_vocab(bpe, vocab_size),
         eos_token=END_OF_TEXT,
         pad_token=END_OF_TEXT,
         additional_special_tokens=[IM_START, IM_END],
@@ -103,3 +104,42 @@ def build_tokenizer(out_dir: Path, vocab_size: int) -> dict[str, int]:
         "im_start": bpe.token_to_id(IM_START),
         "im_end": bpe.token_to_id(IM_END),
     }
+
+
+def _fill_vocab(bpe, vocab_size: int):
+    """`bpe` with a token for every id below `vocab_size` the training left without one.
+
+    A model of a real vocabulary (Qwen3's 151,936 ids) with made-up weights emits ids all over it. An id the
+    tokenizer does not know decodes to nothing, and vLLM 0.26's incremental detokenizer (the `tokenizers`
+    DecodeStream, started on the whole prompt) then decodes the prompt again at every step until an id it knows
+    comes: in its output processor, 256 sequences of 1024-token prompts took ~15 ms a step (256 steps, a 2-core CPU;
+    `benchmarks/detokenize.py`), about a fast model's whole decode step on an H200 at that context, and 3 ms with
+    128-token prompts. With a token for every id: 0.4 ms.
+
+    Each filler is a word of its own (" zqab"), and the model looks a whole word up before merging (ignore_merges),
+    so text encodes back to the ids it was decoded from: `vllm bench serve` decodes runs of consecutive ids into its
+    random prompts and encodes them again. No trained token is such a word, so the corpus encodes as before.
+    """
+    import json
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads(bpe.to_str())
+    vocab = spec["model"]["vocab"]
+    taken = set(vocab.values())
+    fillers = {f"Ġzq{_letters(i)}": i for i in range(vocab_size) if i not in taken}  # "Ġ": the byte-level space
+    if clash := fillers.keys() & vocab.keys():
+        raise SamoyedsError(f"filler tokens {sorted(clash)[:3]} are trained tokens too")
+    vocab.update(fillers)
+    spec["model"]["ignore_merges"] = True
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def _letters(number: int) -> str:
+    """`number` in base 26, written in the letters a-z."""
+    digits = ""
+    while True:
+        number, digit = divmod(number, 26)
+        digits = chr(ord("a") + digit) + digits
+        if not number:
+            return digits

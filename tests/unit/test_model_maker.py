@@ -23,7 +23,14 @@ from samoyeds_vllm.tools.checkpoint_io import CheckpointReader
 from samoyeds_vllm.tools.fused_experts import per_expert
 from samoyeds_vllm.tools.model_maker import make_model, weight_specs, write_weights
 from samoyeds_vllm.tools.presets import available_presets, load_preset
-from samoyeds_vllm.tools.tokenizer import CHAT_TEMPLATE, IM_END, IM_START, build_tokenizer
+from samoyeds_vllm.tools.tokenizer import (
+    CHAT_TEMPLATE,
+    CORPUS,
+    DEFAULT_VOCAB_SIZE,
+    IM_END,
+    IM_START,
+    build_tokenizer,
+)
 
 FAMILIES = sorted(ARCHITECTURES)
 REAL_PRESETS = sorted(name for name in available_presets() if not name.startswith("tiny-"))
@@ -265,6 +272,32 @@ def test_tokenizer_matches_config(tiny_models, tokenizer):
     assert tokenizer.eos_token == "<|endoftext|>"
     assert len(tokenizer) > 900  # BPE learnt whole words, not just bytes
     assert len(tokenizer("The model and the experts").input_ids) == 5
+
+
+def test_tokenizer_has_a_token_for_every_id_of_the_model(tmp_path):
+    """Ids past the trained ones decode to words, one DecodeStream step each, as a real tokenizer's do; text encodes
+    back to the ids it came from (vllm bench serve's random prompts), and, looking whole words up first, as merges
+    alone would encode it."""
+    from tokenizers import Tokenizer
+    from tokenizers.decoders import DecodeStream
+
+    build_tokenizer(tmp_path / "big", 151936)
+    big = AutoTokenizer.from_pretrained(str(tmp_path / "big"))
+    assert len(big) == 151936
+    assert big.decode([100000]).startswith(" zq") and big.decode([100000]) != big.decode([100001])
+    for start in (5000, 100000, 151800):
+        ids = list(range(start, start + 64))
+        assert big.encode(big.decode(ids), add_special_tokens=False) == ids
+    spec = json.loads((tmp_path / "big" / "tokenizer.json").read_text())
+    fast = Tokenizer.from_str(json.dumps(spec))
+    spec["model"]["ignore_merges"] = False
+    merges_only = Tokenizer.from_str(json.dumps(spec))
+    for text in [*CORPUS.splitlines(), "Hello! 42 apples, <|im_end|> zq zqa Zq \u00e9t\u00e9 \u6f22\u5b57"]:
+        assert fast.encode(text).ids == merges_only.encode(text).ids, text
+    assert max(fast.encode(CORPUS).ids) < DEFAULT_VOCAB_SIZE
+    stream = DecodeStream(skip_special_tokens=True)
+    steps = [stream.step(fast, i) for i in (100000, 5, 150000)]
+    assert steps == [big.decode([100000]), big.decode([5]), big.decode([150000])]
 
 
 def test_tokenizer_fits_small_vocabularies(tmp_path):
