@@ -20,10 +20,10 @@ generated token); the wall time is measured around generate, and the GPU idle ti
 decode steps are also measured alone ("decode" rows, `decode_steps`): vLLM names each engine step in the trace, and
 from the GPU start of one step that decodes the whole batch to the start of the next are its wall and kernel times,
 averaged over the run's such steps (so the prompts' prefill and the run's start and end drop out; the median wall
-too). A profiled run
-with a GPU gap of a second or more (a kernel compiled on first use) is profiled again, three runs at most. Writes
-DIR/profile-decode.json and DIR/profile-decode.png (a bar per row of the table, split so), keeps the traces in
-DIR/trace-VARIANT-bBATCH, and prints a table. On a CPU there are no GPU kernels: only wall times.
+too). A profiled run with a GPU gap of a second or more (a kernel compiled on first use) is profiled again, three
+runs at most. Writes DIR/profile-decode.json and DIR/profile-decode.png (a bar per row of the table, split so),
+keeps the traces in DIR/trace-VARIANT-bBATCH, and prints a table. On a CPU there are no GPU kernels: only wall
+times.
 
     python benchmarks/profile_decode.py --out DIR --replot     # the table and plot again from DIR's JSON
     python benchmarks/profile_decode.py --out DIR --reread     # the decode steps again from DIR's traces, then that
@@ -403,7 +403,8 @@ def plot(record: dict, path: Path) -> None:
     if not any(r["kernel_ms_per_step"] for per_batch in results.values() for r in per_batch.values()):
         return
     parts = {"moe": "MoE", "attention": "attention", "gemm": "other GEMMs", "other": "rest", "idle": "GPU idle"}
-    panels = {batch: [row for row in rows(results) if row.batch == str(batch)] for batch in batches}
+    every_row = rows(results)
+    panels = {batch: [row for row in every_row if row.batch == str(batch)] for batch in batches}
     tallest = max(len(panel) for panel in panels.values())
     fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 0.6 * tallest + 1.6), squeeze=False)
     for ax, (batch, panel) in zip(axes[0], panels.items(), strict=True):
