@@ -76,31 +76,28 @@ def category(kernel: str) -> str:
     return next((name for name, pattern in CATEGORIES if pattern.search(kernel)), "other")
 
 
-def _trace_events(trace_dir: Path, cat: str) -> list[dict]:
-    """The events of category `cat` in the torch-profiler traces in `trace_dir`."""
-    events = []
+class Trace(NamedTuple):
+    """What a profiled run's torch-profiler traces hold, read once: `kernels` (name, start µs, duration µs) of every
+    GPU kernel; `steps` (start µs, prefill requests, decode requests) of each engine step (STEP), in time order. A
+    step starts on the GPU's clock, where its first kernel starts (the profiler's GPU-side copy of the host's
+    annotation), so a window between two starts holds that step's kernels and no other's. A CPU run has no steps."""
+
+    kernels: list[tuple[str, float, float]]
+    steps: list[tuple[float, int, int]]
+
+
+def read_trace(trace_dir: Path) -> Trace:
+    """The kernels and engine steps of the torch-profiler traces in `trace_dir`."""
+    kernels, steps = [], []
     for path in sorted(trace_dir.glob("*.json*")):
         with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
-            events += [e for e in json.load(f).get("traceEvents", []) if e.get("cat") == cat]
-    return events
-
-
-def trace_kernels(trace_dir: Path) -> list[tuple[str, float, float]]:
-    """(name, start µs, duration µs) of every GPU kernel in the torch-profiler traces in `trace_dir`."""
-    return [
-        (e.get("name", ""), float(e.get("ts", 0)), float(e.get("dur", 0))) for e in _trace_events(trace_dir, "kernel")
-    ]
-
-
-def trace_steps(trace_dir: Path) -> list[tuple[float, int, int]]:
-    """(start µs, prefill requests, decode requests) of each engine step (STEP) in the traces in `trace_dir`, in time
-    order. The start is on the GPU's clock, where the step's first kernel starts (the profiler's GPU-side copy of the
-    host's annotation), so a window between two starts holds that step's kernels and no other's. A CPU run has none."""
-    steps = []
-    for e in _trace_events(trace_dir, "gpu_user_annotation"):
-        if match := STEP.fullmatch(e.get("name", "")):
-            steps.append((float(e.get("ts", 0)), int(match[1]), int(match[2])))
-    return sorted(steps)
+            events = json.load(f).get("traceEvents", [])
+        for e in events:
+            if e.get("cat") == "kernel":
+                kernels.append((e.get("name", ""), float(e.get("ts", 0)), float(e.get("dur", 0))))
+            elif e.get("cat") == "gpu_user_annotation" and (match := STEP.fullmatch(e.get("name", ""))):
+                steps.append((float(e.get("ts", 0)), int(match[1]), int(match[2])))
+    return Trace(kernels, sorted(steps))
 
 
 def kernel_spans(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
@@ -188,7 +185,7 @@ def by_category(times: dict[str, float]) -> dict[str, float]:
 def decode_steps(
     kernels: list[tuple[str, float, float]], steps: list[tuple[float, int, int]], batch: int
 ) -> dict | None:
-    """The steady decode steps of a profiled run: each window from the GPU start of a step (trace_steps) that decodes
+    """The steady decode steps of a profiled run: each window from the GPU start of a step (Trace.steps) that decodes
     the whole batch and prefills nothing to the start of the next such step, when that one follows it directly; per
     window its wall time (the step's kernels, the sampling after them, and the GPU's wait for the next step) and its
     kernels' time by category (a kernel cut at the window's edges) and of its TOP_KERNELS slowest kernels by name,
@@ -287,7 +284,8 @@ def profile_variant(
             traces = traces_of(out, model.name, batch)
             shutil.rmtree(traces, ignore_errors=True)  # a stalled run's traces
             _new_traces(trace_root, seen, traces)
-            kernels = trace_kernels(traces)
+            trace = read_trace(traces)
+            kernels = trace.kernels
             gaps = largest_gaps(kernels)
             stalled = stalled_on_a_compile(gaps)
             if not stalled or runs == PROFILE_ATTEMPTS:
@@ -301,7 +299,7 @@ def profile_variant(
             "cached_prompt_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
             "gpu_busy_ms_per_step": busy_time(kernels) / 1e3 / steps,
             "kernel_ms_per_step": {k: v / 1e3 / steps for k, v in sorted(by_category(times).items())},
-            "decode_steps": decode_steps(kernels, trace_steps(traces), batch),  # ms per step: a token a sequence
+            "decode_steps": decode_steps(kernels, trace.steps, batch),  # ms per step: a token a sequence
             "largest_gpu_gaps": gaps,
             "top_kernels_us_per_step": [
                 {"name": name[:160], "category": category(name), "us": us / steps, "span_us": spans[name] / steps}
@@ -436,8 +434,7 @@ def reread(record: dict, out: Path) -> None:
     if missing := [str(traces_of(out, v, b)) for v, b, _ in runs if not traces_of(out, v, b).is_dir()]:
         sys.exit(f"no traces in {', '.join(missing)}")
     for variant, batch, result in runs:
-        traces = traces_of(out, variant, batch)
-        result["decode_steps"] = decode_steps(trace_kernels(traces), trace_steps(traces), int(batch))
+        result["decode_steps"] = decode_steps(*read_trace(traces_of(out, variant, batch)), int(batch))
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ def test_kernel_times_by_category(tmp_path):
     ]
     with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events}, f)
-    kernels = profile_decode.trace_kernels(tmp_path)
+    kernels = profile_decode.read_trace(tmp_path).kernels
     times = profile_decode.kernel_times(kernels)
     assert times["fused_moe_kernel"] == 30.0 and "aten::mm" not in times
     assert profile_decode.by_category(times) == {"moe": 53.0, "attention": 7.0, "gemm": 5.0, "other": 2.0}
@@ -61,9 +61,10 @@ def test_steady_decode_steps_are_the_windows_between_whole_batch_decodes(tmp_pat
     ]
     with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events}, f)
-    found = profile_decode.trace_steps(tmp_path)
+    trace = profile_decode.read_trace(tmp_path)
+    found = trace.steps
     assert found == [(0, 3, 0), (100, 0, 3), (200, 0, 3), (300, 0, 3), (400, 0, 3), (500, 0, 2)]
-    steady = profile_decode.decode_steps(profile_decode.trace_kernels(tmp_path), found, 3)
+    steady = profile_decode.decode_steps(trace.kernels, found, 3)
     assert steady == {
         "windows": 3,
         "wall_ms": 0.1,
@@ -90,7 +91,7 @@ def test_a_step_name_of_another_shape_is_not_a_step(tmp_path, name):
     (tmp_path / "t.json").write_text(
         json.dumps({"traceEvents": [{"cat": "gpu_user_annotation", "name": name, "ts": 1}]})
     )
-    assert profile_decode.trace_steps(tmp_path) == []
+    assert profile_decode.read_trace(tmp_path).steps == []
 
 
 def test_a_kernel_across_a_window_edge_keeps_its_time_before_one_started_after_it():
