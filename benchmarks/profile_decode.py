@@ -416,10 +416,11 @@ def plot(record: dict, path: Path) -> None:
         ax.invert_yaxis()
         ax.set_xlabel("ms per generated token of a sequence")
         ax.set_title(f"batch {batch}")
-    axes[0][-1].legend(loc="lower right", fontsize=8)
+    # below the panels, where no bar can be under it
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="lower center", ncol=len(parts), fontsize=8)
     prompt = f"{record.get('prompt_len', 8)}-token prompts{' (cached)' if record.get('cached_prompts') else ''}"
     fig.suptitle(f"{record['preset']}, {prompt}: GPU time by kind ({record['date']})", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
