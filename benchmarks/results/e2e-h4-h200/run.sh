@@ -1,6 +1,6 @@
 # As run on one nvidia-h200-x2 machine (two H200s of one host, driver 580.159.04), 2026-11-28 18:48-19:16, main at
 # 0491d18 (harness 4: make-model's tokenizer knows every id). Four device calls after the bundle's unpack, each
-# starting with `source .ab/setup.sh` (vLLM's env, `pip install -e .`); off.sh (beside this file) runs one `bench e2e`
+# starting with `source .ab/setup.sh` (vLLM's env, `pip install -e .`); off.sh (../e2e-mixes-h200/off.sh) runs one `bench e2e`
 # on one GPU into /tmp/DIR (resuming what DIR holds) and packs it. Subshells of one call ran at the same time, one
 # per GPU. Afterwards: python merge.py && samoyeds-vllm bench e2e --report --out merged
 
