@@ -56,6 +56,7 @@ from ..tools.model_maker import FORMS, ModelForm
 from ..tools.vllm_server import (
     JIT_MONITOR_FLAGS,
     VllmServer,
+    busiest,
     deep_gemm_cache,
     gpu_memory_used,
     gpu_processes,
@@ -548,8 +549,9 @@ def run_variant(
         memory.update(parse_engine_log(log.read_text(errors="replace")))
         for c in todo:
             mix = (serving["input_len"], serving["output_len"])
+            before = other_gpus_in_use()
             level = serve_level(server, model, mix, c, work.prompts_per_client * c, out, log, caches)
-            note_shared_host(result, [level])
+            note_shared_host(result, [level], before)
             serving["levels"].append(level)
             serving["levels"].sort(key=lambda lv: lv["concurrency"])
             save()
@@ -714,15 +716,21 @@ def bench_e2e(
     return report(out)
 
 
-def note_shared_host(result: dict, measured: list[dict]) -> None:
-    """Marks the points just `measured` (offline rows, a served level) with the other GPUs of the machine that hold
-    memory now (another job's), and adds them to result["other_gpus_in_use"] (index: the most GiB seen), so the
-    report can say that the measured engines may have shared the host's CPUs."""
-    if busy := other_gpus_in_use():
-        for point in measured:
+def note_shared_host(result: dict, measured: list[dict], before: Mapping[str, float] | None = None) -> None:
+    """Marks the points just `measured` (offline rows, a served level) with the other GPUs of the machine that held
+    memory (another job's) while they ran, and adds them to result["other_gpus_in_use"] (index: the most GiB seen),
+    so the report can say that the measured engines may have shared the host's CPUs. An offline row carries what
+    the engine's process saw just before and after its timed runs (bench/offline.py); a served level gets what was
+    seen `before` it and now. A row's empty look is dropped: rows of a neighbour that came or went mid-mix are told
+    apart."""
+    now = other_gpus_in_use()
+    for point in measured:
+        busy = point.pop("other_gpus_in_use") if "other_gpus_in_use" in point else busiest(before or {}, now)
+        if busy:
             point["other_gpus_in_use"] = busy
-        seen = result.setdefault("other_gpus_in_use", {})
-        seen.update({gpu: max(gib, seen.get(gpu, 0.0)) for gpu, gib in busy.items()})
+    seen = busiest(result.get("other_gpus_in_use", {}), now, *(p.get("other_gpus_in_use", {}) for p in measured))
+    if seen:
+        result["other_gpus_in_use"] = seen
 
 
 def _gpus_text(gpus: Mapping[str, float]) -> str:

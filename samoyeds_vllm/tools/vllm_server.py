@@ -262,6 +262,15 @@ def other_gpus_in_use(slack_gib: float = 1.0) -> dict[str, float]:
     return busy
 
 
+def busiest(*seen: Mapping[str, float]) -> dict[str, float]:
+    """Several looks of other_gpus_in_use as one: every GPU seen in use, with the most GiB it held."""
+    most: dict[str, float] = {}
+    for busy in seen:
+        for gpu, gib in busy.items():
+            most[gpu] = max(gib, most.get(gpu, 0.0))
+    return most
+
+
 def gpu_processes() -> str:
     """The processes holding memory of the visible GPUs, as nvidia-smi lists them (for error messages)."""
     answer = nvidia_smi("compute-apps=pid,process_name,used_memory", gpus=visible_gpus())

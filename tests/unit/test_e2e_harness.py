@@ -530,3 +530,24 @@ def test_the_report_says_when_other_gpus_of_the_host_were_in_use(monkeypatch):
     text = markdown({**results, "variants": {"dense": dense, "samoyeds": _result("samoyeds(V=128), bf16", {1: 266})}})
     assert "**Other GPUs of the host were in use** while these ran (dense: GPU 1: 60.0 GiB)" in text
     assert "Other GPUs" not in markdown({**results, "variants": {"samoyeds": _result("samoyeds", {1: 266})}})
+
+
+def test_each_point_is_marked_by_what_was_seen_while_it_ran(monkeypatch):
+    """A neighbour that starts or stops in the middle of a mix: the offline rows keep what the engine's process saw
+    around each timed run, not what is seen when the mix ends; a served level gets what was seen before and after."""
+    from samoyeds_vllm.bench import e2e
+
+    dense = _result("dense, bf16", {1: 235, 16: 1227, 64: 3400})
+    alone, beside, gone = dense["throughput"]
+    alone["other_gpus_in_use"], beside["other_gpus_in_use"] = {}, {"1": 30.0}
+    monkeypatch.setattr(e2e, "other_gpus_in_use", lambda: {"1": 60.0})  # the neighbour, there when the mix ends
+    e2e.note_shared_host(dense, [alone, beside])
+    assert "other_gpus_in_use" not in alone and beside["other_gpus_in_use"] == {"1": 30.0}
+    assert dense["other_gpus_in_use"] == {"1": 60.0}
+    level = {"concurrency": 16}
+    monkeypatch.setattr(e2e, "other_gpus_in_use", dict)  # gone by the end of the level
+    e2e.note_shared_host(dense, [level], before={"0": 12.0, "1": 40.0})
+    assert level["other_gpus_in_use"] == {"0": 12.0, "1": 40.0}
+    assert dense["other_gpus_in_use"] == {"1": 60.0, "0": 12.0}
+    e2e.note_shared_host(dense, [gone], before={})
+    assert "other_gpus_in_use" not in gone
