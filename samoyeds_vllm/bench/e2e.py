@@ -720,16 +720,17 @@ def note_shared_host(result: dict, measured: list[dict], before: Mapping[str, fl
     """Marks the points just `measured` (offline rows, a served level) with the other GPUs of the machine that held
     memory (another job's) while they ran, and adds them to result["other_gpus_in_use"] (index: the most GiB seen),
     so the report can say that the measured engines may have shared the host's CPUs. An offline row carries what
-    the engine's process saw just before and after its timed runs (bench/offline.py); a served level gets what was
-    seen `before` it and now. A row's empty look is dropped: rows of a neighbour that came or went mid-mix are told
-    apart."""
+    the engine's process saw just before and after its timed runs (bench/offline.py), which it keeps (an empty
+    look is dropped): a neighbour that came or went mid-mix marks only the rows it ran beside. A point without its
+    own look (a served level) gets what was seen `before` it and now; when nothing was measured (an engine that
+    failed), the look now still counts for the variant."""
     now = other_gpus_in_use()
     for point in measured:
         busy = point.pop("other_gpus_in_use") if "other_gpus_in_use" in point else busiest(before or {}, now)
         if busy:
             point["other_gpus_in_use"] = busy
-    seen = busiest(result.get("other_gpus_in_use", {}), now, *(p.get("other_gpus_in_use", {}) for p in measured))
-    if seen:
+    looks = [p.get("other_gpus_in_use", {}) for p in measured] if measured else [now]
+    if seen := busiest(result.get("other_gpus_in_use", {}), *looks):
         result["other_gpus_in_use"] = seen
 
 
