@@ -8,10 +8,13 @@ free of compiles; h4d8/'s 5,348 (h4d8b/: 4,972) stays the peer's, the harder num
 128:128 and no serving here.
 """
 
-import json
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for merge_e2e
+from merge_e2e import merge_runs  # noqa: E402
+
 OFFLINE = {  # variant: [(run folder, mix, batch sizes or None for all)]
     "dense": [("h4d", "1024x256", None), ("h4d", "4096x64", None)],
     "dense-fp8": [
@@ -25,41 +28,5 @@ OFFLINE = {  # variant: [(run folder, mix, batch sizes or None for all)]
 SERVING = {"dense-fp8": "h4vd8", "samoyeds-fp8": "h4vs"}  # variant: run folder
 
 
-def load(run: str, variant: str) -> dict:
-    return json.loads((HERE / run / f"variant-{variant}.json").read_text())
-
-
-def main() -> None:
-    merged = HERE / "merged"
-    merged.mkdir(exist_ok=True)
-    for variant, sources in OFFLINE.items():
-        result: dict = {}
-        for run, mix, batches in sources:
-            saved = load(run, variant)
-            if not result:
-                result = {k: v for k, v in saved.items() if k not in ("throughput", "offline_engines")}
-                result["throughput"], result["offline_engines"] = [], {}
-            assert saved["settings"] == result["settings"], f"{run}: {variant} measured with other settings"
-            result["throughput"] += [
-                {**row, "run": run}
-                for row in saved["throughput"]
-                if f"{row['input_len']}x{row['output_len']}" == mix
-                and (batches is None or row["batch_size"] in batches)
-            ]
-            # a mix's points from two runs: engines of the same flags and KV cache, the first run's record kept
-            engine = result["offline_engines"].setdefault(mix, saved["offline_engines"][mix])
-            assert engine["kv_cache_tokens"] == saved["offline_engines"][mix]["kv_cache_tokens"], f"{run}: {mix}"
-        if run := SERVING.get(variant):
-            saved = load(run, variant)
-            assert saved["settings"] == result["settings"], f"{run}: {variant} served with other settings"
-            result["serving"] = {**saved["serving"], "levels": [{**lv, "run": run} for lv in saved["serving"]["levels"]]}
-            result["memory"], result["server_args"] = saved["memory"], saved["server_args"]
-        points = [(r["input_len"], r["output_len"], r["batch_size"]) for r in result["throughput"]]
-        assert len(points) == len(set(points)), f"{variant}: a point taken from two runs"
-        assert all(r["jit_free"] for r in result["throughput"]), f"{variant}: a point that compiled"
-        result["throughput"].sort(key=lambda row: (row["input_len"], row["output_len"], row["batch_size"]))
-        (merged / f"variant-{variant}.json").write_text(json.dumps(result, indent=2) + "\n")
-
-
 if __name__ == "__main__":
-    main()
+    merge_runs(HERE, OFFLINE, SERVING)

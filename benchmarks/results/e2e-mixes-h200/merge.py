@@ -13,10 +13,13 @@ batches (mixes4/: 5,076 / 6,205 tok/s); the higher numbers of mixes1/ (5,404 / 6
 stay the peer's here, the harder ones to beat. Dense bf16 4096:64 comes from mixes5/ (later the same day).
 """
 
-import json
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for merge_e2e
+from merge_e2e import merge_runs  # noqa: E402
+
 SOURCES = {  # variant: [(run folder, mix, batch sizes or None for all)]
     "dense": [("quick1", "128x128", None), ("mixes3", "1024x256", None), ("mixes5", "4096x64", None)],
     "dense-fp8": [("mixes1", "1024x256", None), ("mixes1b", "4096x64", None)],
@@ -29,32 +32,5 @@ SOURCES = {  # variant: [(run folder, mix, batch sizes or None for all)]
 }
 
 
-def main() -> None:
-    merged = HERE / "merged"
-    merged.mkdir(exist_ok=True)
-    for variant, sources in SOURCES.items():
-        result: dict = {}
-        for run, mix, batches in sources:
-            saved = json.loads((HERE / run / f"variant-{variant}.json").read_text())
-            if not result:
-                result = {k: v for k, v in saved.items() if k not in ("throughput", "offline_engines")}
-                result["throughput"], result["offline_engines"] = [], {}
-            assert saved["settings"] == result["settings"], f"{run}: {variant} measured with other settings"
-            rows = [
-                {**row, "run": run}
-                for row in saved["throughput"]
-                if f"{row['input_len']}x{row['output_len']}" == mix
-                and (batches is None or row["batch_size"] in batches)
-            ]
-            result["throughput"] += rows
-            # a mix's points from two runs: engines of the same flags and KV cache, the first run's record kept
-            engine = result["offline_engines"].setdefault(mix, saved["offline_engines"][mix])
-            assert engine["kv_cache_tokens"] == saved["offline_engines"][mix]["kv_cache_tokens"], f"{run}: {mix}"
-        points = [(r["input_len"], r["output_len"], r["batch_size"]) for r in result["throughput"]]
-        assert len(points) == len(set(points)), f"{variant}: a point taken from two runs"
-        result["throughput"].sort(key=lambda row: (row["input_len"], row["output_len"], row["batch_size"]))
-        (merged / f"variant-{variant}.json").write_text(json.dumps(result, indent=2) + "\n")
-
-
 if __name__ == "__main__":
-    main()
+    merge_runs(HERE, SOURCES)
