@@ -42,16 +42,26 @@ __global__ void silu_mul_splits(const __grid_constant__ MoEParams p) {
   }
 }
 
-// VEC consecutive elements as floats, and back: one 16-byte access per 16 bytes for VEC > 1.
+// VEC consecutive elements as floats, and back: one access of VEC * sizeof(S) bytes (4 or 8), or 16-byte accesses
+// from 16 bytes up.
+template <int BYTES> struct Chunk;  // an unsigned type of BYTES bytes, for one load or store of that width
+template <> struct Chunk<4> { using type = unsigned int; };
+template <> struct Chunk<8> { using type = uint2; };
+
 template <int VEC, typename S>
 __device__ __forceinline__ void load_vec(const S* p, float (&v)[VEC]) {
+  constexpr int BYTES = VEC * (int)sizeof(S);
   if constexpr (VEC == 1) {
     v[0] = (float)p[0];
   } else {
     alignas(16) S raw[VEC];
+    if constexpr (BYTES < 16) {
+      using C = typename Chunk<BYTES>::type;
+      *reinterpret_cast<C*>(raw) = *reinterpret_cast<const C*>(p);
+    } else {
 #pragma unroll
-    for (int q = 0; q < VEC * (int)sizeof(S) / 16; ++q)
-      reinterpret_cast<uint4*>(raw)[q] = reinterpret_cast<const uint4*>(p)[q];
+      for (int q = 0; q < BYTES / 16; ++q) reinterpret_cast<uint4*>(raw)[q] = reinterpret_cast<const uint4*>(p)[q];
+    }
 #pragma unroll
     for (int i = 0; i < VEC; ++i) v[i] = (float)raw[i];
   }
@@ -59,22 +69,29 @@ __device__ __forceinline__ void load_vec(const S* p, float (&v)[VEC]) {
 
 template <int VEC, typename T>
 __device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
+  constexpr int BYTES = VEC * (int)sizeof(T);
   if constexpr (VEC == 1) {
     p[0] = from_float<T>(v[0]);
   } else {
     alignas(16) T packed[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; ++i) packed[i] = from_float<T>(v[i]);
-    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(packed);
+    if constexpr (BYTES < 16) {
+      using C = typename Chunk<BYTES>::type;
+      *reinterpret_cast<C*>(p) = *reinterpret_cast<const C*>(packed);
+    } else {
+      *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(packed);
+    }
   }
 }
 
 // out[t, h] = sum_j sum_z src[z, t * top_k + j, h] over the slots routed to an expert of this rank, added in a fixed
 // order (j outer, z inner: deterministic). SRC is T (no split) or float (split-K partials). Each thread sums VEC
 // consecutive h: 8 (16-byte accesses) for large batches, where this is a stream of T * top_k * H values; 1 for
-// decode, where it is latency-bound and more threads do better (kernels/plan.py picks; hidden is a multiple of 64).
-// Without split-K a decode thread issues the loads of SUM_SLOTS_IN_FLIGHT slots (a token's top-k, for k up to 8)
-// before adding any: one round trip to L2 instead of one per slot, which a loop with an add after each load paid
+// decode, where it is latency-bound and more threads do better; 2 between, where one wave of scalar threads would
+// take several passes and each warp's loads of 64 bytes fill half a 128-byte line (kernels/plan.py picks; hidden is
+// a multiple of 64). Without split-K a thread of 1 or 2 elements issues the loads of SUM_SLOTS_IN_FLIGHT slots (a
+// token's top-k, for k up to 8) before adding any: one round trip to L2 instead of one per slot, which a loop with an add after each load paid
 // (H100, Qwen3 shape, µs of the layer: 20.7 -> 19.0 at T = 1, 187.5 -> 177.8 at T = 512). Split-K partials keep
 // that loop, whose split loop the compiler unrolls on its own (32 registers): every form with slots or splits in
 // flight by hand took 36-46 registers, fewer blocks per SM, and made Mixtral's T = 256 (top-2, down projection
@@ -83,7 +100,7 @@ template <typename T, typename SRC, int VEC>
 __global__ void sum_slots(const __grid_constant__ MoEParams p) {
   grid_dependency_wait();
   constexpr bool PARTIALS = sizeof(SRC) == 4;  // fp32 split-K partials, not T
-  constexpr int U = VEC == 1 && !PARTIALS ? SUM_SLOTS_IN_FLIGHT : 1;
+  constexpr int U = VEC <= 2 && !PARTIALS ? SUM_SLOTS_IN_FLIGHT : 1;
   const SRC* __restrict__ src = static_cast<const SRC*>(p.y);
   const long long* __restrict__ topk_ids = p.topk_ids;
   T* __restrict__ out = static_cast<T*>(p.out);

@@ -394,8 +394,12 @@ def routing_threads(slots: int, num_experts: int) -> int:
 def sum_vec(elements: int, sms: int) -> int:
     """Elements per thread of the slot sum: 16-byte vectors where the grid still fills the GPU (4 blocks per SM),
     scalars for decode, where more threads hide latency better. H100, Qwen3 shape: scalar at T = 16384 streamed at
-    0.95 TB/s (633 µs, ncu); 8-wide at T = 1 was 7.1 against 5.3 µs."""
-    return SUM_VEC if elements // SUM_VEC >= 4 * ELEMENTWISE_THREADS * sms else 1
+    0.95 TB/s (633 µs, ncu); 8-wide at T = 1 was 7.1 against 5.3 µs. Pairs between, where scalars would take more
+    than one pass of the largest wave: scalars took 7.6 µs of a Qwen3-30B-A3B layer at T = 256 on an H200 (2.6
+    passes of the 6 blocks per SM their registers allow), ~1.1 TB/s from L2."""
+    if elements // SUM_VEC >= 4 * ELEMENTWISE_THREADS * sms:
+        return SUM_VEC
+    return 2 if elements > ELEMENTWISE_BLOCKS_PER_SM * ELEMENTWISE_THREADS * sms else 1
 
 
 def elementwise_grid(n: int, sms: int, blocks_per_sm: int) -> tuple[int, int, int]:
@@ -696,7 +700,7 @@ def compiled_kernels(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool 
     names += [one_token_block(gate_up).kernel_name(dtype, pattern, 1, gate_up, fp8) for gate_up in (True, False)]
     names += [template_name(k) for k in ("build_routing_index", "count_slots", "scatter_slots")]
     names.append(template_name("silu_mul_splits", dtype))
-    names += [template_name("sum_slots", dtype, src, vec) for src in (dtype, torch.float32) for vec in (1, SUM_VEC)]
+    names += [template_name("sum_slots", dtype, src, vec) for src in (dtype, torch.float32) for vec in (1, 2, SUM_VEC)]
     return names
 
 

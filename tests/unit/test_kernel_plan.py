@@ -109,6 +109,9 @@ def test_plans_of_the_qwen3_layer_on_an_h100():
     assert prefill.gate_up.threads == 384 and prefill.gate_up.shared_bytes == 4 * (64 * 256 + 256 * 144) + 1024
     assert prefill.gate_up.kernel == "samoyeds::moe_gemm_ws<__nv_bfloat16, false, true, 128, 64, true, false>"
     assert prefill.silu_kernel is None and prefill.sum_kernel.endswith(", 8>")
+    # between: pairs where scalars would take more than one pass of the largest wave (T * 2048 > 8 * 256 * SMs)
+    assert plan_moe(LayerShape(128, **QWEN3), SAMOYEDS, torch.bfloat16, H100).sum_kernel.endswith(", 1>")
+    assert plan_moe(LayerShape(256, **QWEN3), SAMOYEDS, torch.bfloat16, H100).sum_kernel.endswith(", 2>")
 
     two_four = plan_moe(LayerShape(16384, **QWEN3), TWO_FOUR, torch.float16, H100)
     assert (
