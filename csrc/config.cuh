@@ -32,7 +32,7 @@ constexpr int MAX_ROUTED_LOGITS = 256;  // experts whose top-k the one-token ker
 
 // The slot sum (reduce.cuh): elements per thread for large batches (16 bytes of bf16 / fp16).
 constexpr int SUM_VEC = 8;
-constexpr int SUM_SLOTS_IN_FLIGHT = 8;  // slots whose loads a thread of the decode slot sum issues together
+constexpr int SUM_SLOTS_IN_FLIGHT = 8;  // slots whose loads a thread of 1 or 2 elements of the slot sum issues at once
 constexpr int MAX_SPLITS = 8;      // split-K factor cap (the split-K SiLU loads every split's partials at once)
 constexpr int ELEMENTWISE_THREADS = 256;  // threads per block of the split-K SiLU and the slot sum
 constexpr int QUANTIZE_CHUNKS_IN_FLIGHT = 8;  // 16-byte chunks of a row each lane of quantize_rows loads together

@@ -76,6 +76,7 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
     alignas(16) T packed[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; ++i) packed[i] = from_float<T>(v[i]);
+    static_assert(BYTES <= 16, "one store of at most 16 bytes: outputs are bf16 / fp16, at most SUM_VEC of them");
     if constexpr (BYTES < 16) {
       using C = typename Chunk<BYTES>::type;
       *reinterpret_cast<C*>(p) = *reinterpret_cast<const C*>(packed);
@@ -89,13 +90,14 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
 // order (j outer, z inner: deterministic). SRC is T (no split) or float (split-K partials). Each thread sums VEC
 // consecutive h: 8 (16-byte accesses) for large batches, where this is a stream of T * top_k * H values; 1 for
 // decode, where it is latency-bound and more threads do better; 2 between, where one wave of scalar threads would
-// take several passes and each warp's loads of 64 bytes fill half a 128-byte line (kernels/plan.py picks; hidden is
-// a multiple of 64). Without split-K a thread of 1 or 2 elements issues the loads of SUM_SLOTS_IN_FLIGHT slots (a
-// token's top-k, for k up to 8) before adding any: one round trip to L2 instead of one per slot, which a loop with an add after each load paid
-// (H100, Qwen3 shape, µs of the layer: 20.7 -> 19.0 at T = 1, 187.5 -> 177.8 at T = 512). Split-K partials keep
-// that loop, whose split loop the compiler unrolls on its own (32 registers): every form with slots or splits in
-// flight by hand took 36-46 registers, fewer blocks per SM, and made Mixtral's T = 256 (top-2, down projection
-// split four ways) 1-4% slower. 16-byte vectors keep it too (eight slots took 160-170 registers).
+// take more than one pass and each warp's scalar loads of 64 bytes fill half a 128-byte line (kernels/plan.py
+// picks; hidden is a multiple of 64, so pairs stay aligned). Without split-K a thread of 1 or 2 elements issues the
+// loads of SUM_SLOTS_IN_FLIGHT slots (a token's top-k, for k up to 8) before adding any: one round trip to L2
+// instead of one per slot, which a loop with an add after each load paid (H100, Qwen3 shape, µs of the layer: 20.7
+// -> 19.0 at T = 1, 187.5 -> 177.8 at T = 512). Split-K partials keep that loop, whose split loop the compiler
+// unrolls on its own (32 registers): every form with slots or splits in flight by hand took 36-46 registers, fewer
+// blocks per SM, and made Mixtral's T = 256 (top-2, down projection split four ways) 1-4% slower. 16-byte vectors
+// keep it too (eight slots took 160-170 registers).
 template <typename T, typename SRC, int VEC>
 __global__ void sum_slots(const __grid_constant__ MoEParams p) {
   grid_dependency_wait();

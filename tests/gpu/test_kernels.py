@@ -141,6 +141,23 @@ def test_split_k_through_kernel_configs(splits):
     assert err < BF16_TOLERANCE, f"splits {splits}: relative error {err}"
 
 
+@pytest.mark.parametrize(
+    ("shape", "dtype"), [("mixtral-8x7b", torch.bfloat16), ("olmoe-1b-7b", torch.float16)], ids=["bf16", "fp16"]
+)
+def test_slot_sum_in_pairs(shape, dtype):
+    """Between decode and large batches the slot sum takes pairs of elements (plan.sum_vec): at Mixtral's T = 256 the
+    heuristics split GEMM 2 (float partials in pairs, on CPU plans), OLMoE's sums its fp16 output."""
+    shape, pattern = preset_shape(shape), PATTERNS["samoyeds"]
+    plan = kernels.plan_moe(
+        LayerShape(256, shape.top_k, shape.num_experts, shape.hidden, shape.intermediate),
+        pattern,
+        dtype,
+        device_of(torch.device("cuda")),
+    )
+    assert plan.sum_kernel.endswith(", 2>"), plan.sum_kernel
+    check(shape, pattern, 256, dtype=dtype, seed=9)
+
+
 def test_weights_in_another_layout_are_refused():
     """Values, metadata and row selections must be stored as the plugin stores them after loading; the op never
     copies them."""
