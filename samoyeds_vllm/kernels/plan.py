@@ -396,7 +396,8 @@ def sum_vec(elements: int, sms: int) -> int:
     scalars for decode, where more threads hide latency better. H100, Qwen3 shape: scalar at T = 16384 streamed at
     0.95 TB/s (633 µs, ncu); 8-wide at T = 1 was 7.1 against 5.3 µs. Pairs between, where scalars would take more
     than one pass of the largest wave: scalars took 7.6 µs of a Qwen3-30B-A3B layer at T = 256 on an H200 (2.6
-    passes of the 6 blocks per SM their registers allow), ~1.1 TB/s from L2."""
+    passes of the 6 blocks per SM their registers allow), ~1.1 TB/s from L2; pairs made that layer 1.8% (FP8 values)
+    and 1.4% (bf16) faster, 3.8% / 2.4% at T = 512 (benchmarks/results/slot-sum-pairs-h200/)."""
     if elements // SUM_VEC >= 4 * ELEMENTWISE_THREADS * sms:
         return SUM_VEC
     return 2 if elements > ELEMENTWISE_BLOCKS_PER_SM * ELEMENTWISE_THREADS * sms else 1
