@@ -495,7 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=4096, help="sequence length for the max-concurrency probe")
     p.add_argument(
         "--probe-factors",
-        help="max-concurrency probes as multiples of vLLM's own estimate, comma-separated (default: from 0.5 to 1.25)",
+        help="max-concurrency probes as multiples of vLLM's own estimate, comma-separated (default: from 0.5 to 1.25), "
+        "run from the estimate outwards until one preempts (upwards) or runs clean (downwards)",
     )
     p.add_argument("--engine-args", default="", help="extra engine flags for every variant, quoted")
     p.add_argument(

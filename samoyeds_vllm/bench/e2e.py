@@ -394,20 +394,39 @@ def measure_max_seqs(
 ) -> None:
     """The most `seq_len`-token sequences (an eighth of each generated, so they stay resident long enough to be
     seen) running at once without preemption, into `measured`. Offered more than fit, vLLM queues the rest, so
-    the peak of `num_requests_running` at a load above capacity is the capacity; probes go from half to 1.25x
-    the engine's estimate (which ignores block granularity and scheduler limits). Each probe is saved as it
-    finishes (a run cut short resumes). `saturated` says a probe hit the limit."""
+    the peak of `num_requests_running` at a load above capacity is the capacity. The loads are `factors` times the
+    engine's estimate (which ignores block granularity and scheduler limits), taken from the estimate outwards:
+    upwards while a load runs whole without preemption, downwards while one preempts, so a lower load than a clean
+    one, which can only show a lower peak, is not run (each probe of 4096-token sequences took ~60 s on an H200,
+    the client's start included). Each probe is saved as it finishes (a run cut short resumes). `saturated` says
+    a clean probe hit the limit (its peak below its load)."""
     output_len = max(16, seq_len // 8)
     measured["seq_len"] = seq_len
     probes = measured.setdefault("probes", [])
-    for c in sorted({max(1, int(estimate * f)) for f in factors}):
-        if any(p["concurrency"] == c for p in probes):
-            continue
-        with _MetricsPoller(server.url) as poll:
-            mix = (seq_len - output_len, output_len)
-            _bench_serve(server, model, mix, c, c, out, f"{tag}-maxseqs-{c}", seed=1_000_000 + c)
-        probes.append({"concurrency": c, "peak_running": poll.peak_running, "preemptions": poll.preemptions})
-        save()
+
+    def probe(c: int) -> dict:
+        done = next((p for p in probes if p["concurrency"] == c), None)
+        if done is None:
+            with _MetricsPoller(server.url) as poll:
+                mix = (seq_len - output_len, output_len)
+                _bench_serve(server, model, mix, c, c, out, f"{tag}-maxseqs-{c}", seed=1_000_000 + c)
+            done = {"concurrency": c, "peak_running": poll.peak_running, "preemptions": poll.preemptions}
+            probes.append(done)
+            probes.sort(key=lambda p: p["concurrency"])
+            save()
+        return done
+
+    loads = sorted({max(1, int(estimate * f)) for f in factors})
+    i = next((k for k, c in enumerate(loads) if c >= max(1, int(estimate))), len(loads) - 1)
+    found = probe(loads[i])
+    if found["preemptions"] == 0:
+        while found["preemptions"] == 0 and found["peak_running"] >= found["concurrency"] and i + 1 < len(loads):
+            i += 1
+            found = probe(loads[i])
+    else:
+        while found["preemptions"] > 0 and i > 0:
+            i -= 1
+            found = probe(loads[i])
     clean = [p for p in probes if p["preemptions"] == 0]
     measured["max_seqs_without_preemption"] = max((int(p["peak_running"]) for p in clean), default=0)
     measured["saturated"] = any(p["peak_running"] < p["concurrency"] for p in clean)

@@ -551,3 +551,46 @@ def test_each_point_is_marked_by_what_was_seen_while_it_ran(monkeypatch):
     assert dense["other_gpus_in_use"] == {"1": 40.0, "0": 12.0}
     e2e.note_shared_host(dense, [gone], before={})
     assert "other_gpus_in_use" not in gone
+
+
+@pytest.mark.parametrize(
+    "capacity, queues, probed, most",
+    [
+        (320, False, [304, 334], 304),  # clean at the estimate, preempted above: two probes
+        (290, False, [273, 304], 273),  # preempted at the estimate: downwards to a clean load
+        (200, False, [152, 228, 273, 304], 152),
+        (500, False, [304, 334, 380], 380),  # every load fits: upwards to the last
+        (320, True, [304, 334], 320),  # the engine queued what did not fit: that peak is the capacity
+    ],
+)
+def test_capacity_probes_go_outwards_from_the_estimate(monkeypatch, capacity, queues, probed, most):
+    """Loads from 0.5 to 1.25 x an estimate of 304.1 sequences (152 ... 380); a load above `capacity` preempts,
+    or, when the engine `queues`, runs `capacity` at once without preempting. Loads below a clean one are not run."""
+    from samoyeds_vllm.bench import e2e
+
+    offered = []
+
+    class Poller:
+        def __init__(self, url):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            load = offered[-1]
+            self.peak_running = float(min(load, capacity))
+            self.preemptions = 1.0 if load > capacity and not queues else 0.0
+
+    monkeypatch.setattr(e2e, "_MetricsPoller", Poller)
+    monkeypatch.setattr(e2e, "_bench_serve", lambda server, model, mix, c, n, out, tag, seed: offered.append(c))
+    server, saves, measured = types.SimpleNamespace(url="http://x"), [], {}
+    e2e.measure_max_seqs(server, None, 4096, 304.1, None, "m", e2e.PROBE_FACTORS, measured, lambda: saves.append(1))
+    assert sorted(offered) == probed and [p["concurrency"] for p in measured["probes"]] == probed
+    assert measured["max_seqs_without_preemption"] == most and measured["saturated"] == queues
+    assert len(saves) == len(probed) + 1  # each probe as it finished, then the result
+
+    offered.clear()  # a run cut short resumes: what was probed is not probed again
+    del measured["max_seqs_without_preemption"]
+    e2e.measure_max_seqs(server, None, 4096, 304.1, None, "m", e2e.PROBE_FACTORS, measured, lambda: None)
+    assert offered == [] and measured["max_seqs_without_preemption"] == most
