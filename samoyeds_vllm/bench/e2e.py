@@ -23,10 +23,11 @@ is back, so each sizes its KV cache on the same free memory):
   a kernel, at most WARMUP_ROUNDS), then the timed run of
   as many (again if it compiled a kernel, as offline); output tokens/s, TTFT and TPOT (mean, median, p99), and
   the server's own mean TTFT, queue, prefill and decode time per request from its /metrics (server_split). Every
-  call draws other random prompts (its own seed);
+  call draws other random prompts (its own seed); the loads of one server go through one long-lived client process
+  (tools.serve_client: vLLM's benchmark imported once, not once per load);
 - capacity: model weight memory and KV-cache size from the engine log, and the largest number of concurrent
-  sequences of a given length served without preemption, measured by probing concurrencies around vLLM's own
-  estimate while polling the server's /metrics.
+  sequences of a given length served without preemption, measured by probing concurrencies from vLLM's own
+  estimate outwards while polling the server's /metrics.
 Each variant's results go to OUT/variant-NAME.json after every step, with the environment variables and engine
 flags its processes got, what vLLM resolved them to, the device, the date and the versions; the comparison
 (results.json, results.md, PNG plots) puts every variant measured side by side, ratios against the best dense
@@ -53,6 +54,7 @@ from tqdm import tqdm
 
 from ..errors import SamoyedsError
 from ..tools.model_maker import FORMS, ModelForm
+from ..tools.serve_client import BenchServeClient
 from ..tools.vllm_server import (
     JIT_MONITOR_FLAGS,
     VllmServer,
@@ -63,7 +65,6 @@ from ..tools.vllm_server import (
     nvidia_smi,
     other_gpus_in_use,
     parse_engine_log,
-    vllm_command,
     wait_for_gpu_memory,
     without_jit,
 )
@@ -152,15 +153,6 @@ def environment() -> dict:
         )
         device = f"CPU: {cpu[1] if cpu else platform.processor() or platform.machine()}"
     return {"device": device, "vllm": vllm_version, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
-
-
-def _run(cmd: list[str], log: Path, timeout: float) -> str:
-    with open(log, "w") as f:
-        result = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
-    text = log.read_text(errors="replace")
-    if result.returncode != 0:
-        raise SamoyedsError(f"{' '.join(cmd[:3])} failed (exit {result.returncode}); log {log}:\n{text[-3000:]}")
-    return text
 
 
 def _run_group(cmd: list[str], log: Path, env: Mapping[str, str], timeout: float) -> int | None:
@@ -264,7 +256,7 @@ def _random_requests(mix: tuple[int, int], num_prompts: int, seed: int) -> list[
 
 
 def _bench_serve(
-    server: VllmServer,
+    client: BenchServeClient,
     model: Path,
     mix: tuple[int, int],
     concurrency: int,
@@ -273,16 +265,14 @@ def _bench_serve(
     tag: str,
     seed: int,
 ) -> dict:
+    """One `vllm bench serve` load against the client's server, through its long-lived client."""
     name = f"serve-{tag}.json"
-    _run(
+    client.run(
         [
-            *vllm_command(),
-            "bench",
-            "serve",
             "--backend",
             "vllm",
             "--base-url",
-            server.url,
+            client.url,
             "--model",
             str(model),
             *_random_requests(mix, num_prompts, seed),
@@ -297,7 +287,6 @@ def _bench_serve(
             "--disable-tqdm",
         ],
         out / f"serve-{tag}.log",
-        timeout=3600,
     )
     r = json.loads((out / name).read_text())
     return {
@@ -390,7 +379,15 @@ class _MetricsPoller:
 
 
 def measure_max_seqs(
-    server: VllmServer, model: Path, seq_len: int, estimate: float, out: Path, tag: str, factors, measured: dict, save
+    client: BenchServeClient,
+    model: Path,
+    seq_len: int,
+    estimate: float,
+    out: Path,
+    tag: str,
+    factors,
+    measured: dict,
+    save,
 ) -> None:
     """The most `seq_len`-token sequences (an eighth of each generated, so they stay resident long enough to be
     seen) running at once without preemption, into `measured`. Offered more than fit, vLLM queues the rest, so
@@ -399,7 +396,7 @@ def measure_max_seqs(
     upwards while a load runs whole without preemption, downwards while one preempts, so a lower load than a clean
     one, which can only show a lower peak, is not run (each probe of 4096-token sequences took ~60 s on an H200,
     the client's start included). Each probe is saved as it finishes (a run cut short resumes). `saturated` says
-    a clean probe hit the limit (its peak below its load)."""
+    a clean probe hit the limit (a peak seen below its load)."""
     output_len = max(16, seq_len // 8)
     measured["seq_len"] = seq_len
     probes = measured.setdefault("probes", [])
@@ -407,9 +404,9 @@ def measure_max_seqs(
     def probe(c: int) -> dict:
         done = next((p for p in probes if p["concurrency"] == c), None)
         if done is None:
-            with _MetricsPoller(server.url) as poll:
+            with _MetricsPoller(client.url) as poll:
                 mix = (seq_len - output_len, output_len)
-                _bench_serve(server, model, mix, c, c, out, f"{tag}-maxseqs-{c}", seed=1_000_000 + c)
+                _bench_serve(client, model, mix, c, c, out, f"{tag}-maxseqs-{c}", seed=1_000_000 + c)
             done = {"concurrency": c, "peak_running": poll.peak_running, "preemptions": poll.preemptions}
             probes.append(done)
             probes.sort(key=lambda p: p["concurrency"])
@@ -420,7 +417,9 @@ def measure_max_seqs(
     i = next((k for k, c in enumerate(loads) if c >= max(1, int(estimate))), len(loads) - 1)
     found = probe(loads[i])
     if found["preemptions"] == 0:
-        while found["preemptions"] == 0 and found["peak_running"] >= found["concurrency"] and i + 1 < len(loads):
+        # upwards while a load ran whole, or while the poller saw none of it running (a load of short sequences on
+        # a CPU can end between two polls): a clean load whose peak was seen below it is the capacity
+        while found["preemptions"] == 0 and not 0 < found["peak_running"] < found["concurrency"] and i + 1 < len(loads):
             i += 1
             found = probe(loads[i])
     else:
@@ -429,7 +428,7 @@ def measure_max_seqs(
             found = probe(loads[i])
     clean = [p for p in probes if p["preemptions"] == 0]
     measured["max_seqs_without_preemption"] = max((int(p["peak_running"]) for p in clean), default=0)
-    measured["saturated"] = any(p["peak_running"] < p["concurrency"] for p in clean)
+    measured["saturated"] = any(0 < p["peak_running"] < p["concurrency"] for p in clean)
     save()
 
 
@@ -566,19 +565,22 @@ def run_variant(
         raise
     try:
         memory.update(parse_engine_log(log.read_text(errors="replace")))
-        for c in todo:
-            mix = (serving["input_len"], serving["output_len"])
-            before = other_gpus_in_use()
-            level = serve_level(server, model, mix, c, work.prompts_per_client * c, out, log, caches)
-            note_shared_host(result, [level], before)
-            serving["levels"].append(level)
-            serving["levels"].sort(key=lambda lv: lv["concurrency"])
-            save()
-            progress.update()
-        if probe:
-            estimate = memory.get("kv_cache_tokens", 0) / work.seq_len
-            measure_max_seqs(server, model, work.seq_len, estimate, out, model.name, work.probe_factors, measured, save)
-            progress.update()
+        with BenchServeClient(server.url, out / f"client-{model.name}.log") as client:
+            for c in todo:
+                mix = (serving["input_len"], serving["output_len"])
+                before = other_gpus_in_use()
+                level = serve_level(client, model, mix, c, work.prompts_per_client * c, out, log, caches)
+                note_shared_host(result, [level], before)
+                serving["levels"].append(level)
+                serving["levels"].sort(key=lambda lv: lv["concurrency"])
+                save()
+                progress.update()
+            if probe:
+                estimate = memory.get("kv_cache_tokens", 0) / work.seq_len
+                measure_max_seqs(
+                    client, model, work.seq_len, estimate, out, model.name, work.probe_factors, measured, save
+                )
+                progress.update()
     finally:
         server.stop()
 
@@ -591,7 +593,7 @@ WARMUP_ROUNDS = 6
 
 
 def serve_level(
-    server: VllmServer,
+    client: BenchServeClient,
     model: Path,
     mix: tuple[int, int],
     concurrency: int,
@@ -606,7 +608,7 @@ def serve_level(
     others decode, so most steps mix prefills into decodes, and those batch shapes must be compiled and captured
     before the timed run too. Seeds: 2C timed, 2C + 1 untimed, each + _RERUN_SEEDS k for its k-th rerun."""
     c, name = concurrency, model.name
-    serve = partial(_bench_serve, server, model, mix, c, requests, out)
+    serve = partial(_bench_serve, client, model, mix, c, requests, out)
     untimed, warmup = without_jit(
         lambda run: serve(f"{name}-c{c}-warmup" + (f"-{run}" if run else ""), seed=2 * c + 1 + _RERUN_SEEDS * run),
         log,
@@ -615,7 +617,7 @@ def serve_level(
     )
     level = timed_until_steady(
         # a rerun with seeds of its own: other prompts than the runs before
-        lambda run: server_split(server.url, partial(serve, f"{name}-c{c}", seed=2 * c + _RERUN_SEEDS * run)),
+        lambda run: server_split(client.url, partial(serve, f"{name}-c{c}", seed=2 * c + _RERUN_SEEDS * run)),
         untimed["output_tokens_per_s"],
         rerun_if_compiled=partial(without_jit, log=log, caches=jit_caches),
     )

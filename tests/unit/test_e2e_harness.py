@@ -554,18 +554,20 @@ def test_each_point_is_marked_by_what_was_seen_while_it_ran(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "capacity, queues, probed, most",
+    "capacity, queues, unseen, probed, most",
     [
-        (320, False, [304, 334], 304),  # clean at the estimate, preempted above: two probes
-        (290, False, [273, 304], 273),  # preempted at the estimate: downwards to a clean load
-        (200, False, [152, 228, 273, 304], 152),
-        (500, False, [304, 334, 380], 380),  # every load fits: upwards to the last
-        (320, True, [304, 334], 320),  # the engine queued what did not fit: that peak is the capacity
+        (320, False, (), [304, 334], 304),  # clean at the estimate, preempted above: two probes
+        (290, False, (), [273, 304], 273),  # preempted at the estimate: downwards to a clean load
+        (200, False, (), [152, 228, 273, 304], 152),
+        (500, False, (), [304, 334, 380], 380),  # every load fits: upwards to the last
+        (320, True, (), [304, 334], 320),  # the engine queued what did not fit: that peak is the capacity
+        (300, True, (304,), [304, 334], 300),  # a load the poller saw nothing of does not end the search
     ],
 )
-def test_capacity_probes_go_outwards_from_the_estimate(monkeypatch, capacity, queues, probed, most):
+def test_capacity_probes_go_outwards_from_the_estimate(monkeypatch, capacity, queues, unseen, probed, most):
     """Loads from 0.5 to 1.25 x an estimate of 304.1 sequences (152 ... 380); a load above `capacity` preempts,
-    or, when the engine `queues`, runs `capacity` at once without preempting. Loads below a clean one are not run."""
+    or, when the engine `queues`, runs `capacity` at once without preempting; of the `unseen` loads the poller
+    saw nothing running. Loads below a clean one are not run."""
     from samoyeds_vllm.bench import e2e
 
     offered = []
@@ -579,7 +581,7 @@ def test_capacity_probes_go_outwards_from_the_estimate(monkeypatch, capacity, qu
 
         def __exit__(self, *exc):
             load = offered[-1]
-            self.peak_running = float(min(load, capacity))
+            self.peak_running = 0.0 if load in unseen else float(min(load, capacity))
             self.preemptions = 1.0 if load > capacity and not queues else 0.0
 
     monkeypatch.setattr(e2e, "_MetricsPoller", Poller)
