@@ -3,6 +3,9 @@ reported with its log, one whose requests fail is logged as the command logs it,
 next. Loads against a server are in test_bench_e2e (every served level and capacity probe goes through the
 client)."""
 
+import socket
+import time
+
 import pytest
 
 from samoyeds_vllm.errors import SamoyedsError
@@ -29,3 +32,19 @@ def test_a_refused_load_is_reported_and_the_worker_takes_the_next(tmp_path, tiny
         assert "Sampling input_len" not in (tmp_path / "client.log").read_text()
         assert client.process.poll() is None  # still there for the next load
     assert client.process.poll() is not None
+
+
+def test_a_load_past_its_time_ends_the_worker_at_once(tmp_path, tiny_models):
+    with socket.socket() as silent:  # accepts connections and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        load = ["--backend", "vllm", "--base-url", url, "--model", str(tiny_models["qwen3_moe"]), "--num-prompts", "1"]
+        with BenchServeClient(url, tmp_path / "client.log") as client:
+            began = time.monotonic()
+            with pytest.raises(SamoyedsError, match="did not answer in 3 s"):
+                client.run(load + ["--dataset-name", "random", "--disable-tqdm"], tmp_path / "hung.log", timeout=3)
+            assert time.monotonic() - began < 15  # killed, not waited for
+            assert client.process.poll() is not None
+            with pytest.raises(SamoyedsError, match="not running"):
+                client.run(load, tmp_path / "after.log")

@@ -562,6 +562,7 @@ def test_each_point_is_marked_by_what_was_seen_while_it_ran(monkeypatch):
         (500, False, (), [304, 334, 380], 380),  # every load fits: upwards to the last
         (320, True, (), [304, 334], 320),  # the engine queued what did not fit: that peak is the capacity
         (300, True, (304,), [304, 334], 300),  # a load the poller saw nothing of does not end the search
+        (320, False, (304,), [273, 304, 334], 273),  # ... nor does it stand for a clean load below a preempting one
     ],
 )
 def test_capacity_probes_go_outwards_from_the_estimate(monkeypatch, capacity, queues, unseen, probed, most):
@@ -596,3 +597,10 @@ def test_capacity_probes_go_outwards_from_the_estimate(monkeypatch, capacity, qu
     del measured["max_seqs_without_preemption"]
     e2e.measure_max_seqs(server, None, 4096, 304.1, None, "m", e2e.PROBE_FACTORS, measured, lambda: None)
     assert offered == [] and measured["max_seqs_without_preemption"] == most
+
+
+def test_no_capacity_estimate_is_an_error_not_a_probe():
+    from samoyeds_vllm.bench import e2e
+
+    with pytest.raises(SamoyedsError, match="no capacity estimate"):
+        e2e.measure_max_seqs(None, None, 4096, 0.0, None, "m", e2e.PROBE_FACTORS, {}, lambda: None)
