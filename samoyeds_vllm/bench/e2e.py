@@ -415,24 +415,29 @@ def measure_max_seqs(
             save()
         return done
 
+    def clean(p: dict) -> bool:
+        return p["preemptions"] == 0
+
+    def limited(p: dict) -> bool:  # a clean load whose peak was seen below it: the capacity
+        return clean(p) and 0 < p["peak_running"] < p["concurrency"]
+
     if estimate < 1:
         raise SamoyedsError(f"no capacity estimate to probe around ({estimate:.2f} sequences of {seq_len} tokens)")
     loads = sorted({max(1, int(estimate * f)) for f in factors})
     start = next((k for k, c in enumerate(loads) if c >= int(estimate)), len(loads) - 1)
     # upwards from the estimate while a load ran whole, or while the poller saw none of it running (a load of
-    # short sequences on a CPU can end between two polls): a clean load whose peak was seen below it is the capacity
+    # short sequences on a CPU can end between two polls)
     i, found = start, probe(loads[start])
-    while found["preemptions"] == 0 and not 0 < found["peak_running"] < found["concurrency"] and i + 1 < len(loads):
+    while clean(found) and not limited(found) and i + 1 < len(loads):
         i += 1
         found = probe(loads[i])
     # downwards from below the estimate until a clean load has been seen running
     i = start
-    while not any(p["preemptions"] == 0 and p["peak_running"] > 0 for p in probes) and i > 0:
+    while not any(clean(p) and p["peak_running"] > 0 for p in probes) and i > 0:
         i -= 1
         probe(loads[i])
-    clean = [p for p in probes if p["preemptions"] == 0]
-    measured["max_seqs_without_preemption"] = max((int(p["peak_running"]) for p in clean), default=0)
-    measured["saturated"] = any(0 < p["peak_running"] < p["concurrency"] for p in clean)
+    measured["max_seqs_without_preemption"] = max((int(p["peak_running"]) for p in probes if clean(p)), default=0)
+    measured["saturated"] = any(limited(p) for p in probes)
     save()
 
 
