@@ -1,12 +1,12 @@
 """`vllm bench serve` loads against one server from one long-lived client process.
 
 Each `vllm bench serve` command is a new interpreter that imports vLLM before it sends a request: on an H200 host
-whose CPUs also ran the API servers that start took 20-25 s against 3-8 s of load at 16-256 clients (128/128), and
-~25 s against 17-36 s at a capacity probe (benchmarks/results/e2e-h4-h200/, capacity-4096-h200/). Here one worker
-imports vLLM's benchmark once and runs each load it is sent with the command's own arguments and code (vLLM's
-`vllm.benchmarks.serve.main`, which seeds its random state from `--seed` each time), its output going to that
-load's log. The worker is its own process, as the command was, so nothing in the caller (a /metrics poller
-thread) shares the client's interpreter.
+whose CPUs also ran the API servers that start took 20-25 s against 3-8 s of load at 16-256 clients (128/128), and ~25
+s against 17-36 s at a capacity probe (benchmarks/results/e2e-h4-h200/; the probes: `git show
+411eb8f:benchmarks/results/capacity-4096-h200/`). Here one worker imports vLLM's benchmark once and runs each load it
+is sent with the command's own arguments and code (vLLM's `vllm.benchmarks.serve.main`, which seeds its random state
+from `--seed` each time), its output going to that load's log. The worker is its own process, as the command was, so
+nothing in the caller (a /metrics poller thread) shares the client's interpreter.
 
     with BenchServeClient(server.url, log_path) as client:
         client.run(["--backend", "vllm", "--base-url", client.url, ...], Path("serve.log"))
