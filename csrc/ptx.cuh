@@ -255,6 +255,20 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
 __device__ __forceinline__ void mbar_arrive_on_copies(unsigned long long* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+// The TMA engine's 1D copy (sm_90): `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory to
+// this block's shared memory, counted on `bar` as transaction bytes: the barrier's phase completes once the bytes
+// an arrival announced (mbar_arrive_expect_tx) have landed. One thread issues what 128 threads' cp.async would.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+// An arrival on `bar` that also announces `bytes` more transaction bytes for its phase (bulk_copy).
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
 // Waits until the phase with this parity has completed (phases alternate 0, 1, 0, ... from the init).
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   asm volatile(
