@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     whole = math.lcm(*(b for _, b in STAGE_SHAPES))  # every stage size divides the buffer: each copies it all
     total = max(args.mb * 1024 * 1024 // whole, 1) * whole
-    words = cupy.random.randint(0, 2**31, size=total // 4, dtype=cupy.int32)
+    words = cupy.random.randint(0, 2**30, size=total // 4, dtype=cupy.int32)
     expected = int(words.astype(cupy.uint64).sum())
     checksum = cupy.zeros(1, dtype=cupy.uint64)
 
