@@ -75,12 +75,10 @@ def test_bench_e2e_on_tiny_models(tmp_path, monkeypatch, capsys):
             t = lv["server_mean_ms"]
             assert t["ttft"] >= t["prefill"] > 0 and t["queue"] >= 0 and t["decode"] > 0
         measured = r["memory"]["measured"]
-        # 32 KV blocks hold 31 sequences (one block is reserved); the engine's estimate said 64: measured wins, and
-        # never above what fits. How far below: the poller samples the running count, and a probe here lasts ~0.5 s
-        # on two busy cores whose API servers answer /metrics late; the search stops at the first probe whose sampled
-        # peak is below its load, so one late sample decides (CI saw 27 and 5).
+        # 32 KV blocks hold 31 sequences (one block is reserved); the engine's estimate said 64: measured wins. The
+        # poller samples the running count, and a probe here lasts ~0.5 s on two busy cores: it may see 30 of 31.
         assert r["memory"]["kv_cache_tokens"] == 4096 and measured["saturated"]
-        assert 1 <= measured["max_seqs_without_preemption"] <= 31
+        assert 28 <= measured["max_seqs_without_preemption"] <= 31
     text = (tmp_path / "results.md").read_text()
     assert "| in/out | batch | dense | samoyeds | samoyeds-fp8 | best dense |" in text
     assert "| 32/8 | 4 | " in text and "×) | dense |" in text
