@@ -395,10 +395,10 @@ def measure_max_seqs(
     seen) running at once without preemption, into `measured`. Offered more than fit, vLLM queues the rest, so
     the peak of `num_requests_running` at a load above capacity is the capacity. The loads are `factors` times the
     engine's estimate (which ignores block granularity and scheduler limits), taken from the estimate outwards:
-    upwards while a load runs whole without preemption, downwards while one preempts, so a lower load than a clean
-    one, which can only show a lower peak, is not run (each probe of 4096-token sequences took ~60 s on an H200,
-    the client's start included). Each probe is saved as it finishes (a run cut short resumes). `saturated` says
-    a clean probe hit the limit (a peak seen below its load)."""
+    upwards while loads run clean until a peak seen below its load repeats, downwards while one preempts, so a
+    lower load than a clean one, which can only show a lower peak, is not run (each probe of 4096-token sequences
+    took ~60 s on an H200, the client's start included). Each probe is saved as it finishes (a run cut short
+    resumes). `saturated` says a clean probe hit the limit (a peak seen below its load)."""
     output_len = max(16, seq_len // 8)
     measured["seq_len"] = seq_len
     probes = measured.setdefault("probes", [])
@@ -425,12 +425,17 @@ def measure_max_seqs(
         raise SamoyedsError(f"no capacity estimate to probe around ({estimate:.2f} sequences of {seq_len} tokens)")
     loads = sorted({max(1, int(estimate * f)) for f in factors})
     start = next((k for k, c in enumerate(loads) if c >= int(estimate)), len(loads) - 1)
-    # upwards from the estimate while a load ran whole, or while the poller saw none of it running (a load of
-    # short sequences on a CPU can end between two polls)
+    # upwards from the estimate while loads run clean, until one's peak, seen below it, is no higher than a peak
+    # seen before: the capacity found twice. One sampled peak does not end the search (the poller can see a load
+    # of short sequences on a busy CPU late, below its capacity, or not running at all).
     i, found = start, probe(loads[start])
-    while clean(found) and not limited(found) and i + 1 < len(loads):
+    best = found["peak_running"] if clean(found) else 0
+    while clean(found) and i + 1 < len(loads):
         i += 1
         found = probe(loads[i])
+        if limited(found) and found["peak_running"] <= best:
+            break
+        best = max(best, found["peak_running"]) if clean(found) else best
     # downwards from below the estimate until a clean load has been seen running
     i = start
     while not any(clean(p) and p["peak_running"] > 0 for p in probes) and i > 0:

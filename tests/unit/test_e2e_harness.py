@@ -554,21 +554,22 @@ def test_each_point_is_marked_by_what_was_seen_while_it_ran(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "capacity, queues, unseen, probed, most",
+    "capacity, queues, seen, probed, most",
     [
-        (320, False, (), [304, 334], 304),  # clean at the estimate, preempted above: two probes
-        (290, False, (), [273, 304], 273),  # preempted at the estimate: downwards to a clean load
-        (200, False, (), [152, 228, 273, 304], 152),
-        (500, False, (), [304, 334, 380], 380),  # every load fits: upwards to the last
-        (320, True, (), [304, 334], 320),  # the engine queued what did not fit: that peak is the capacity
-        (300, True, (304,), [304, 334], 300),  # a load the poller saw nothing of does not end the search
-        (320, False, (304,), [273, 304, 334], 273),  # ... nor does it stand for a clean load below a preempting one
+        (320, False, {}, [304, 334], 304),  # clean at the estimate, preempted above: two probes
+        (290, False, {}, [273, 304], 273),  # preempted at the estimate: downwards to a clean load
+        (200, False, {}, [152, 228, 273, 304], 152),
+        (500, False, {}, [304, 334, 380], 380),  # every load fits: upwards to the last
+        (320, True, {}, [304, 334, 380], 320),  # the engine queued what did not fit: that peak, seen twice
+        (300, True, {304: 290}, [304, 334, 380], 300),  # one late sample below the capacity does not end the search
+        (300, True, {304: 0}, [304, 334, 380], 300),  # nor does a load the poller saw nothing of
+        (320, False, {304: 0}, [273, 304, 334], 273),  # ... nor does it stand for a clean load below a preempting one
     ],
 )
-def test_capacity_probes_go_outwards_from_the_estimate(monkeypatch, capacity, queues, unseen, probed, most):
+def test_capacity_probes_go_outwards_from_the_estimate(monkeypatch, capacity, queues, seen, probed, most):
     """Loads from 0.5 to 1.25 x an estimate of 304.1 sequences (152 ... 380); a load above `capacity` preempts,
-    or, when the engine `queues`, runs `capacity` at once without preempting; of the `unseen` loads the poller
-    saw nothing running. Loads below a clean one are not run."""
+    or, when the engine `queues`, runs `capacity` at once without preempting; the poller saw the peaks `seen` of
+    some loads (0: nothing running) instead. Loads below a clean one are not run."""
     from samoyeds_vllm.bench import e2e
 
     offered = []
@@ -582,7 +583,7 @@ def test_capacity_probes_go_outwards_from_the_estimate(monkeypatch, capacity, qu
 
         def __exit__(self, *exc):
             load = offered[-1]
-            self.peak_running = 0.0 if load in unseen else float(min(load, capacity))
+            self.peak_running = float(seen.get(load, min(load, capacity)))
             self.preemptions = 1.0 if load > capacity and not queues else 0.0
 
     monkeypatch.setattr(e2e, "_MetricsPoller", Poller)
