@@ -149,14 +149,27 @@ __device__ __forceinline__ void moe_gemm_ws_body(
     // empty tiles, hands each item to the MMA warpgroups through item_info, and counts stages over all items: it
     // runs ahead into the next item while the MMA warpgroups run an epilogue.
     const int tile_group = row_blocks >= ws::GROUPED_FROM_ROW_BLOCKS ? ws::TILE_GROUP : 1;
-    for (int w = blockIdx.x; w < row_blocks * num_tiles; w += gridDim.x) {
+    const int items = row_blocks * num_tiles;
+    auto item_at = [&](int w, int& rb) {  // work item w: its token tile, and its row block in rb
       const int group = w / (tile_group * row_blocks), in_group = w % (tile_group * row_blocks);
       const int group_tiles = min(tile_group, num_tiles - group * tile_group);
-      const int tile = group * tile_group + in_group % group_tiles, rb = in_group / group_tiles;
-      // The tile's record in one 16-byte load (the set-up of an item is a chain of dependent loads, tile record ->
-      // sorted_slot and its weight -> x's scale for ACT8, that the copier waits through).
-      const int4 record = reinterpret_cast<const int4*>(tiles)[tile];
-      const int n_rows = record.z, expert = record.x, first = record.y;
+      rb = in_group / group_tiles;
+      return group * tile_group + in_group % group_tiles;
+    };
+    // The set-up of an item is a chain of dependent loads (tile record -> sorted_slot and its weight -> x's scale
+    // for ACT8) that the copier waits through before it can issue the item's copies; loaded at the item's start,
+    // the record alone was 9.6% of GEMM 2's warp samples at T = 256 (ncu, H200, Qwen3-30B-A3B samoyeds FP8). So the
+    // record is read an item ahead, to land while the copies of the item before are issued: each lane loads word
+    // lane % 4 and the fields come by shuffles when the item starts. A record loaded whole into every lane alike
+    // went to uniform registers, and the move there (R2UR) waited on the load right after it was issued.
+    const int word = tid & 3;  // the record's word this lane holds: expert, first, n_rows, unused
+    int rb_ahead;
+    int record_ahead = blockIdx.x < items ? tiles[4 * item_at(blockIdx.x, rb_ahead) + word] : 0;
+    for (int w = blockIdx.x; w < items; w += gridDim.x) {
+      const int rb = rb_ahead, record = record_ahead;
+      if (w + gridDim.x < items) record_ahead = tiles[4 * item_at(w + gridDim.x, rb_ahead) + word];
+      const int expert = __shfl_sync(~0u, record, 0), first = __shfl_sync(~0u, record, 1),
+                n_rows = __shfl_sync(~0u, record, 2);
       if (n_rows == 0) continue;
       const size_t expert_rows = (size_t)expert * R;
       // One base address each for A and meta (tiled: tiled_offset in tiles.cuh; a slab is one tile, SLAB =
