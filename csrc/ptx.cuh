@@ -278,16 +278,15 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
       "r"(parity)
       : "memory");
 }
-// Programmatic dependent launch (sm_90+; kernels/build.py launches every kernel of a forward with it there): a
-// kernel's blocks may start while the kernel before it in the stream still runs. Code before
-// grid_dependency_wait() must not read what that kernel writes; after it, every earlier kernel has finished and
-// its writes are visible. The next kernel may start once every block of this one has called allow_dependents()
-// or exited: the GEMMs call it before their epilogue, the other kernels let their exit do it (but the routing
-// index of a few tokens, whose GEMM 1 needs nothing from it until its end: few_tokens.cuh). Called right after
-// the wait (as early as a kernel can), the next kernel's blocks took SM room while this one ran and made the
-// Mixtral-8x7B FP8 layer 15% slower at T = 1 and 4% at T = 256 (H200, docs/benchmarks.md). Since no kernel lets
-// the next start before its own wait, code before a wait may read what the kernels two or more launches back
-// wrote: the one in between has passed its wait, so they have finished. Before sm_90 both are nothing.
+// Programmatic dependent launch (sm_90+; kernels/build.py launches every kernel of a forward with it there): a kernel's
+// blocks may start while the kernel before it in the stream still runs. Code before grid_dependency_wait() must not
+// read what that kernel writes; after it, every earlier kernel has finished and its writes are visible. The next kernel
+// may start once every block of this one has called allow_dependents() or exited: moe_gemm and the one-token kernels
+// call it before their epilogue, the routing index (one block) right after its wait, the other kernels let their exit
+// do it. Called right after the wait by every kernel, the next kernel's blocks took SM room while this one ran and made
+// the Mixtral-8x7B FP8 layer 15% slower at T = 1 and 4% at T = 256 (H200, docs/benchmarks.md). Since no kernel lets the
+// next start before its own wait, code before a wait may read what the kernels two or more launches back wrote: the one
+// in between has passed its wait, so they have finished. Before sm_90 both are nothing.
 __device__ __forceinline__ void grid_dependency_wait() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

@@ -136,7 +136,10 @@ __global__ void __launch_bounds__(ROUTE_THREADS) scatter_slots(const __grid_cons
 // scatter_slots to run next. Then writes the tile map of both GEMMs.
 __global__ void __launch_bounds__(1024, 1) build_routing_index(const __grid_constant__ MoEParams p) {
   grid_dependency_wait();
-  if (maps_itself(p)) allow_dependents();  // GEMM 1 maps itself (few_tokens.cuh)
+  // The next kernel may start at once: it reads nothing of the index before its own wait (GEMM 1 of a few tokens
+  // maps itself: few_tokens.cuh; the FP8 copy of x waits at its end), and this one block leaves the other SMs to it,
+  // so the copy of x is made while the index is built.
+  allow_dependents();
   __shared__ int counts[MAX_EXPERTS], first[MAX_EXPERTS], cursor[MAX_EXPERTS], tile_end[MAX_EXPERTS];
   __shared__ int warp_sums[32];
   const int E = p.num_experts, chunks = p.chunks;
