@@ -123,17 +123,20 @@ __global__ void sum_slots(const __grid_constant__ MoEParams p) {
         }
       }
     } else {  // no split-K: splits == 1
+      // Each slot's row is loaded beside its expert id, not after it: every slot has a row in src (another rank's
+      // slot an unwritten one, read and left out of the sum, so even NaN there stays out), and the token's
+      // loads cost one round trip instead of two (the ids', then the rows').
       for (int j0 = 0; j0 < top_k; j0 += U) {
         bool kept[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const long long e = j0 + u < top_k ? topk_ids[token * top_k + j0 + u] : -1;
-          kept[u] = e >= 0 && e < E;
-        }
         float part[U][VEC];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (kept[u]) load_vec(src + (token * top_k + j0 + u) * hidden + h, part[u]);
+        for (int u = 0; u < U; ++u) {
+          const bool slot = j0 + u < top_k;
+          // (the id's low word: ids are below 2^31, -1 stays -1, and half the registers wait on the load)
+          const int e = slot ? reinterpret_cast<const int*>(topk_ids)[2 * (token * top_k + j0 + u)] : -1;
+          if (slot) load_vec(src + (token * top_k + j0 + u) * hidden + h, part[u]);
+          kept[u] = e >= 0 && e < E;
+        }
 #pragma unroll
         for (int u = 0; u < U; ++u)
           if (kept[u])

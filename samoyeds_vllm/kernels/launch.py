@@ -211,9 +211,13 @@ def _forward_on_gpu(
         space = forward.workspace
         workspace = torch.empty(space.nbytes, dtype=torch.uint8, device=x.device)
         out = torch.empty(shape.tokens, shape.hidden, dtype=x.dtype, device=x.device)
-        if os.environ.get("SAMOYEDS_POISON"):  # tests: an element the kernels fail to write shows up as NaN
+        if os.environ.get("SAMOYEDS_POISON"):  # tests: an element the kernels fail to write shows up as NaN, and
+            # so does a row of another rank's slot (never written) that the slot sum reads but must leave out
             act_bytes = shape.slots * shape.inter * x.element_size()
             workspace[space.act : space.act + act_bytes].view(x.dtype).fill_(float("nan"))
+            y_dtype = torch.float32 if plan.down.splits > 1 else x.dtype
+            y_bytes = plan.down.splits * shape.slots * shape.hidden * y_dtype.itemsize
+            workspace[space.y : space.y + y_bytes].view(y_dtype).fill_(float("nan"))
         base = workspace.data_ptr()
         params = to_kernel_arg(
             moe_params(plan, shape, pattern, space, base, x, ids, weights, w13, w2, out, router_logits, renormalize)
