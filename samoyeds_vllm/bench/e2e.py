@@ -429,13 +429,13 @@ def measure_max_seqs(
     # seen before: the capacity found twice. One sampled peak does not end the search (the poller can see a load
     # of short sequences on a busy CPU late, below its capacity, or not running at all).
     i, found = start, probe(loads[start])
-    best = found["peak_running"] if clean(found) else 0
+    best = found["peak_running"]  # the highest peak of the clean loads so far (a preempted load ends the loop)
     while clean(found) and i + 1 < len(loads):
         i += 1
         found = probe(loads[i])
         if limited(found) and found["peak_running"] <= best:
             break
-        best = max(best, found["peak_running"]) if clean(found) else best
+        best = max(best, found["peak_running"])
     # downwards from below the estimate until a clean load has been seen running
     i = start
     while not any(clean(p) and p["peak_running"] > 0 for p in probes) and i > 0:

@@ -1,5 +1,5 @@
 """benchmarks/copy_bandwidth.cu compiles for sm_90a with every kernel the benchmark asks for (the GPU test runs them:
-tests/gpu/test_copy_bandwidth.py)."""
+tests/gpu/test_copy_bandwidth_runs.py)."""
 
 import importlib.util
 import shutil
