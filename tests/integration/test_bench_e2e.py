@@ -70,6 +70,11 @@ def test_bench_e2e_on_tiny_models(tmp_path, monkeypatch, capsys):
         assert json.loads((tmp_path / f"serve-{name}-c2-warmup.json").read_text())["completed"] == 4
         assert r["server_args"][-3:] == ["--no-enable-prefix-caching", "--api-server-count", "2"]
         assert [lv["completed"] for lv in r["serving"]["levels"]] == [2, 4]  # 2 prompts per client
+        for lv in r["serving"]["levels"]:  # three timed rounds, each with its own file; the median stands
+            tok_s = lv["rounds_output_tokens_per_s"][1:]
+            assert lv["timed_runs"] == 3 and lv["output_tokens_per_s"] == sorted(tok_s)[1] and lv["spread"] >= 0
+            c = lv["concurrency"]
+            assert all((tmp_path / f"serve-{name}-c{c}{run}.json").exists() for run in ("", "-1", "-2"))
         assert all(lv["median_tpot_ms"] > 0 and lv["p99_ttft_ms"] > 0 for lv in r["serving"]["levels"])
         for lv in r["serving"]["levels"]:  # where TTFT went, by the server's own histograms
             t = lv["server_mean_ms"]
@@ -84,6 +89,7 @@ def test_bench_e2e_on_tiny_models(tmp_path, monkeypatch, capsys):
     assert "| 32/8 | 4 | " in text and "×) | dense |" in text
     assert "Served through 2 API server processes (`--api-server-count 2`), prefix caching off" in text
     assert "timed requests (2 per client)" in text and "mean TTFT by the server, ms" in text
+    assert "each level the median of three timed rounds (harness 5" in text
     assert "serving 32/8, TPOT p50 ms" in text and "| KV-cache tokens | 4,096 | 4,096 (1.00×) | 4,096 (1.00×) |" in text
     for plot in ("offline-throughput.png", "throughput-vs-concurrency.png", "latency-vs-load.png", "memory.png"):
         assert (tmp_path / plot).stat().st_size > 1000

@@ -414,40 +414,46 @@ def test_results_measured_with_other_settings_are_set_aside_not_overwritten(tmp_
 
 
 @pytest.mark.parametrize(
-    "tok_s, rounds, steady",
+    "tok_s, median, steady",
     [
-        ([105], [100, 105], True),  # within 10% of the untimed round: one timed round
-        ([70, 75], [100, 70, 75], True),  # a stall, then a round that agrees with it
-        ([70, 100, 70], [100, 70, 100, 70], False),  # never agreeing: three timed rounds, the last stands
+        ([105, 100, 103], 103, True),
+        ([70, 100, 98], 98, False),  # a stall outvoted by the two rounds that agree; named in the report
+        ([100, 108, 92], 100, False),  # rounds that each agree within 10% with the one before them
     ],
 )
-def test_a_served_level_is_timed_again_while_its_rounds_disagree(tok_s, rounds, steady):
-    from samoyeds_vllm.bench.e2e import timed_until_steady
+def test_a_served_level_is_the_median_of_three_timed_rounds(tok_s, median, steady):
+    from samoyeds_vllm.bench.e2e import timed_rounds
 
     seeds, results = [], iter(tok_s)
 
     def measure(run):
         seeds.append(run)
-        return {"concurrency": 256, "output_tokens_per_s": next(results)}
+        return {"concurrency": 256, "output_tokens_per_s": next(results), "run": run}
 
     def rerun_if_compiled(measure_run):  # compiles nothing: one run per call
         return measure_run(0), {"timed_runs": 1, "jit_compiles": 0, "jit_free": True}
 
-    level = timed_until_steady(measure, 100, rerun_if_compiled)
-    assert level["rounds_output_tokens_per_s"] == rounds and level["steady"] is steady
-    assert level["output_tokens_per_s"] == tok_s[-1] and level["timed_runs"] == len(tok_s)
-    assert seeds == list(range(len(tok_s)))  # every round its own prompts
+    level = timed_rounds(measure, 100, rerun_if_compiled)
+    assert level["output_tokens_per_s"] == median and level["run"] == tok_s.index(median)  # that round's record
+    assert level["rounds_output_tokens_per_s"] == [100, *tok_s] and level["steady"] is steady
+    assert level["spread"] == pytest.approx(max(tok_s) / min(tok_s) - 1)
+    assert level["timed_runs"] == 3 and level["jit_free"] is True
+    assert seeds == [0, 1, 2]  # every round its own prompts
 
 
-def test_a_level_whose_timed_run_compiled_is_not_timed_again_for_disagreeing():
-    from samoyeds_vllm.bench.e2e import timed_until_steady
+def test_a_timed_round_that_compiled_is_made_again_and_counted():
+    from samoyeds_vllm.bench.e2e import timed_rounds
 
-    def rerun_if_compiled(measure_run):  # three runs, every one compiled
-        return measure_run(2), {"timed_runs": 3, "jit_compiles": 5, "jit_free": False}
+    calls = iter([(2, 4, True), (1, 0, True), (3, 5, False)])  # (runs, compiles, jit_free) per round
 
-    level = timed_until_steady(lambda run: {"output_tokens_per_s": 50.0, "run": run}, 100, rerun_if_compiled)
-    assert level["timed_runs"] == 3 and level["jit_compiles"] == 5 and level["jit_free"] is False
-    assert level["run"] == 2 and level["steady"] is False
+    def rerun_if_compiled(measure_run):
+        runs, compiles, free = next(calls)
+        return measure_run(runs - 1), {"timed_runs": runs, "jit_compiles": compiles, "jit_free": free}
+
+    seen = []
+    level = timed_rounds(lambda run: seen.append(run) or {"output_tokens_per_s": 50.0 + run}, 100, rerun_if_compiled)
+    assert seen == [1, 2, 5]  # each round's last run, numbered after every run before it
+    assert level["timed_runs"] == 6 and level["jit_compiles"] == 9 and level["jit_free"] is False
 
 
 def test_a_served_level_is_warmed_up_again_while_its_untimed_rounds_compile(tmp_path, monkeypatch):
@@ -458,7 +464,7 @@ def test_a_served_level_is_warmed_up_again_while_its_untimed_rounds_compile(tmp_
 
     log = tmp_path / "engine.log"
     log.write_text("")
-    compiles = iter([2, 1, 0, 0])  # two untimed rounds compile, the third does not; then the timed round
+    compiles = iter([2, 1, 0, 0, 0, 0])  # two untimed rounds compile, the third does not; then three timed rounds
     served = []
 
     def bench_serve(server, model, mix, concurrency, requests, out, tag, seed):
@@ -471,22 +477,32 @@ def test_a_served_level_is_warmed_up_again_while_its_untimed_rounds_compile(tmp_
     monkeypatch.setattr(e2e, "server_split", lambda url, measure: measure())
     server = types.SimpleNamespace(url="http://x")
     level = e2e.serve_level(server, tmp_path / "m", (128, 128), 256, 1024, tmp_path, log, [])
-    assert served == [("m-c256-warmup", 513), ("m-c256-warmup-1", 1513), ("m-c256-warmup-2", 2513), ("m-c256", 512)]
+    assert served == [
+        ("m-c256-warmup", 513),
+        ("m-c256-warmup-1", 1513),
+        ("m-c256-warmup-2", 2513),
+        ("m-c256", 512),
+        ("m-c256-1", 1512),
+        ("m-c256-2", 2512),
+    ]
     assert level["warmup_runs"] == 3 and level["warmup_jit_compiles"] == 3 and level["warmup_jit_free"] is True
-    assert level["timed_runs"] == 1 and level["jit_free"] is True and level["steady"] is True
+    assert level["timed_runs"] == 3 and level["jit_free"] is True and level["steady"] is True
     # a warm-up that never stops compiling ends at WARMUP_ROUNDS, and the record says so
-    compiles, served[:] = iter([1] * e2e.WARMUP_ROUNDS + [0]), []
+    compiles, served[:] = iter([1] * e2e.WARMUP_ROUNDS + [0] * e2e.TIMED_ROUNDS), []
     level = e2e.serve_level(server, tmp_path / "m", (128, 128), 4, 16, tmp_path, log, [])
-    assert len(served) == e2e.WARMUP_ROUNDS + 1 and level["warmup_jit_free"] is False
+    assert len(served) == e2e.WARMUP_ROUNDS + e2e.TIMED_ROUNDS and level["warmup_jit_free"] is False
 
 
-def test_the_report_names_served_levels_whose_rounds_kept_disagreeing():
+def test_the_report_names_served_levels_whose_rounds_disagreed():
     samoyeds = _result("samoyeds(V=128), FP8 values", {1: 270}, tpot=3.5)
     samoyeds["serving"]["levels"][0].update(rounds_output_tokens_per_s=[18051.2, 14168.0, 18000.0, 14100.0])
     samoyeds["serving"]["levels"][0]["steady"] = False
     results = {"preset": "p", "date": "d", "device": "g", "vllm": "v", "torch": "t", "engine_args": []}
     text = markdown({**results, "variants": {"samoyeds-fp8": samoyeds}})
-    assert "**Served rounds that kept disagreeing** (output tok/s, untimed round first): samoyeds-fp8 1 clients" in text
+    assert (
+        "**Served levels whose timed rounds disagreed by more than 10%** (output tok/s, untimed round first): "
+        "samoyeds-fp8 1 clients" in text
+    )
     assert "(18,051 / 14,168 / 18,000 / 14,100)" in text
 
 
