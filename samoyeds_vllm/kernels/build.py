@@ -4,8 +4,9 @@ The CUDA sources are compiled for the running GPU by NVRTC through CuPy (no comp
 per (dtype, pattern, GPU architecture, FP8 values or not) holding every kernel a plan can choose
 (plan.compiled_kernels). CuPy caches the binaries on disk ($CUPY_CACHE_DIR, default ~/.cupy/kernel_cache) keyed by
 the source and the options; the options carry a hash of every file in csrc/, since CuPy hashes only the main file's
-text and not the headers it includes. SAMOYEDS_LINEINFO=1 (profiling) compiles with -lineinfo, so Nsight Compute's
-source page maps SASS to csrc lines (benchmarks/ncu_moe.py).
+text and not the headers it includes. Before CuPy 14.2 a module compiled with name expressions (ours) was never read
+back from that cache: every process compiled it again. SAMOYEDS_LINEINFO=1 (profiling) compiles with -lineinfo, so
+Nsight Compute's source page maps SASS to csrc lines (benchmarks/ncu_moe.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import functools
 import hashlib
 import os
 import re
+import warnings
 from importlib import resources
 
 import torch
@@ -25,6 +27,8 @@ from .geometry import CTYPES
 from .plan import Occupancy, compiled_kernels
 
 MAIN_SOURCE = "samoyeds_moe.cu"
+#: The first CuPy that reads modules compiled with name expressions back from its disk cache.
+CACHING_CUPY = (14, 2)
 
 
 def _csrc():
@@ -65,6 +69,7 @@ def _module(dtype: torch.dtype, pattern: Pattern, arch: str, fp8: bool, device: 
     if dtype not in CTYPES:
         raise SamoyedsError(f"the samoyeds GPU kernels run bf16 / fp16 activations, not {dtype}")
     _check_cuda_majors(cupy.cuda.runtime.runtimeGetVersion() // 1000, torch.version.cuda)
+    _check_caching(cupy.__version__)
     options = (
         f"--gpu-architecture={arch}",
         "-std=c++17",
@@ -89,6 +94,17 @@ def _check_cuda_majors(cupy_major: int, torch_cuda: str | None) -> None:
         raise SamoyedsError(
             f"CuPy is built for CUDA {cupy_major} but torch for CUDA {torch_cuda}: install the matching extra, "
             f"pip install samoyeds-vllm[gpu-cu{torch_major}] (cupy-cuda{torch_major}x)"
+        )
+
+
+def _check_caching(cupy_version: str) -> None:
+    """A CuPy before 14.2 works, but compiles every module again in every process (each engine start, each worker)."""
+    if tuple(int(n) for n in re.findall(r"\d+", cupy_version)[:2]) < CACHING_CUPY:
+        warnings.warn(
+            f"CuPy {cupy_version} compiles the samoyeds kernels again in every process (it reads modules compiled "
+            "with name expressions back from its disk cache only from 14.2): pip install -U 'cupy-cuda13x>=14.2' "
+            "(or cupy-cuda12x)",
+            stacklevel=3,
         )
 
 

@@ -300,7 +300,9 @@ def test_each_gpu_gets_its_own_module_and_kernels(monkeypatch):
 
     runtime = types.SimpleNamespace(getDevice=lambda: current["device"], runtimeGetVersion=lambda: 13000)
     compiler = types.SimpleNamespace(CompileException=RuntimeError)
-    cupy = types.SimpleNamespace(RawModule=FakeModule, cuda=types.SimpleNamespace(runtime=runtime, compiler=compiler))
+    cupy = types.SimpleNamespace(
+        __version__="14.2.0", RawModule=FakeModule, cuda=types.SimpleNamespace(runtime=runtime, compiler=compiler)
+    )
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     build._module.cache_clear()
@@ -317,3 +319,18 @@ def test_each_gpu_gets_its_own_module_and_kernels(monkeypatch):
     finally:
         build._module.cache_clear()
         build._kernel.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "version, warns", [("14.1.0", True), ("13.6.0", True), ("14.2.0", False), ("15.0.0rc1", False)]
+)
+def test_a_cupy_that_compiles_the_kernels_in_every_process_is_named(version, warns, recwarn):
+    """CuPy reads modules compiled with name expressions back from its disk cache only from 14.2; before it every
+    engine start compiles every module again (it still works: a warning, not an error)."""
+    from samoyeds_vllm.kernels import build
+
+    build._check_caching(version)
+    found = [str(w.message) for w in recwarn if "compiles the samoyeds kernels again" in str(w.message)]
+    assert bool(found) is warns
+    if warns:
+        assert f"CuPy {version}" in found[0] and ">=14.2" in found[0]
