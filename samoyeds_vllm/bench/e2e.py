@@ -74,10 +74,10 @@ from ..tools.vllm_server import (
 # tokenizer of 1000 tokens: most ids the models emit were unknown to it, which slowed vLLM's detokenizer with long
 # prompts (tools/tokenizer.py, _fill_vocab), and offline prompts were drawn from those 1000 ids, not the vocabulary.
 # 4 took a served level's last timed round once it agreed within 10% with the round before it: rounds of one server
-# at 256 clients still differed by up to 8%, so one round could carry a ratio across a target; 5 keeps the median of
+# at 256 clients still differed by up to 9%, so one round could carry a ratio across a target; 5 keeps the median of
 # three timed rounds (timed_rounds).
 HARNESS = 5
-_RERUN_SEEDS = 1000  # serving seeds: 2C timed, 2C + 1 untimed, each + 1000 k for its k-th rerun, 1e6 + C probes
+_RERUN_SEEDS = 1000  # serving seeds: 2C timed, 2C + 1 untimed, each + 1000 k for its k-th run, 1e6 + C probes
 PROBE_FACTORS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25)
 BATCH_SIZES = (1, 16, 64, 256, 1024)
 STAGES = ("offline", "serving", "capacity")
@@ -623,7 +623,7 @@ def serve_level(
     prompts) while a round compiled a kernel, at most WARMUP_ROUNDS; then timed rounds (timed_rounds).
     Untimed, as many requests as the timed run: after the first round each client's next request arrives while the
     others decode, so most steps mix prefills into decodes, and those batch shapes must be compiled and captured
-    before the timed run too. Seeds: 2C timed, 2C + 1 untimed, each + _RERUN_SEEDS k for its k-th rerun."""
+    before the timed run too. Seeds: 2C timed, 2C + 1 untimed, each + _RERUN_SEEDS k for its k-th run."""
     c, name = concurrency, model.name
     serve = partial(_bench_serve, client, model, mix, c, requests, out)
     untimed, warmup = without_jit(
@@ -654,25 +654,26 @@ TIMED_ROUNDS = 3  # timed rounds of every served level; the median stands for it
 def timed_rounds(measure, untimed_tok_s: float | None, rerun_if_compiled, rounds: int = TIMED_ROUNDS) -> dict:
     """A served level's record: `rounds` timed rounds, each `measure(run)` (run = 0, 1, ...: each its own prompts)
     through `rerun_if_compiled` (tools.vllm_server.without_jit: a run that compiled a kernel is made again); the
-    round of median output tok/s stands for the level. With `rounds_output_tokens_per_s` (every timed round, the
-    untimed one first), `spread` (the timed rounds' max / min - 1) and `steady` (spread within STEADY_TOLERANCE).
-    One round does not stand for a level: at 256 clients a timed round came out 21-47% slower than the untimed round
-    just before it on the same server (docs/benchmarks.md, 2026-11-27), and rounds of one server that agreed within
-    10% still differed by up to 8% (2026-11-29), enough to move a ratio across a target."""
-    levels, runs, compiles, jit_free = [], 0, 0, True
+    round of median output tok/s stands for the level, with its own `jit_free` (`rounds_jit_free`: every round's).
+    With `rounds_output_tokens_per_s` (every timed round, the untimed one first), `spread` (the timed rounds' max /
+    min - 1; None where a round made no tokens) and `steady` (spread within STEADY_TOLERANCE). One round does not
+    stand for a level: at 256 clients a timed round came out 21-47% slower than the untimed round just before it on
+    the same server (docs/benchmarks.md, 2026-11-27), and rounds of one server that agreed within 10% still differed
+    by up to 9% (2026-11-29), enough to move a ratio across a target."""
+    measured, runs, compiles = [], 0, 0
     for _ in range(rounds):
         level, jit = rerun_if_compiled(lambda run, base=runs: measure(base + run))
         runs, compiles = runs + jit["timed_runs"], compiles + jit["jit_compiles"]
-        jit_free = jit_free and jit["jit_free"]
-        levels.append(level)
-    tok_s = [level["output_tokens_per_s"] for level in levels]
-    median = sorted(levels, key=lambda level: level["output_tokens_per_s"])[len(levels) // 2]
-    spread = max(tok_s) / min(tok_s) - 1 if min(tok_s) > 0 else None
+        measured.append((level, jit["jit_free"]))
+    tok_s = [level["output_tokens_per_s"] for level, _ in measured]
+    median, jit_free = sorted(measured, key=lambda m: m[0]["output_tokens_per_s"] or 0.0)[len(measured) // 2]
+    spread = max(tok_s) / min(tok_s) - 1 if all(tok_s) else None
     return {
         **median,
         "timed_runs": runs,
         "jit_compiles": compiles,
         "jit_free": jit_free,
+        "rounds_jit_free": [free for _, free in measured],
         "rounds_output_tokens_per_s": [untimed_tok_s, *tok_s],
         "spread": spread,
         "steady": spread is not None and spread <= STEADY_TOLERANCE,
@@ -953,9 +954,12 @@ def markdown(results: dict) -> str:
             "",
             f"Served through {servers} API server processes (`--api-server-count {servers}`), prefix caching off "
             f"(`{' '.join(_SERVER_FLAGS)}`); each client level's timed requests ({per_client} per client) after an "
-            "untimed round of as many; each level the median of three timed rounds (harness 5; earlier: one)."
-            if results.get("harness", HARNESS) >= 5
-            else "untimed round of as many.",
+            "untimed round of as many"
+            + (
+                "; each level the median of three timed rounds (harness 5)."
+                if results.get("harness", HARNESS) >= 5
+                else "."
+            ),
         ]
     spread = {n: _gpus(v[n]) for n in names if _gpus(v[n]) > 1}
     if spread and len(spread) < len(names):  # dense over several GPUs (--dense-tp), sparse on one

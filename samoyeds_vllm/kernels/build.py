@@ -104,7 +104,7 @@ def _check_caching(cupy_version: str) -> None:
             f"CuPy {cupy_version} compiles the samoyeds kernels again in every process (it reads modules compiled "
             "with name expressions back from its disk cache only from 14.2): pip install -U 'cupy-cuda13x>=14.2' "
             "(or cupy-cuda12x)",
-            stacklevel=3,
+            stacklevel=2,
         )
 
 

@@ -453,7 +453,20 @@ def test_a_timed_round_that_compiled_is_made_again_and_counted():
     seen = []
     level = timed_rounds(lambda run: seen.append(run) or {"output_tokens_per_s": 50.0 + run}, 100, rerun_if_compiled)
     assert seen == [1, 2, 5]  # each round's last run, numbered after every run before it
-    assert level["timed_runs"] == 6 and level["jit_compiles"] == 9 and level["jit_free"] is False
+    assert level["timed_runs"] == 6 and level["jit_compiles"] == 9 and level["rounds_jit_free"] == [True, True, False]
+    assert level["output_tokens_per_s"] == 52.0 and level["jit_free"] is True  # the median round's own
+
+
+def test_a_timed_round_without_a_throughput_is_no_median_and_no_spread():
+    from samoyeds_vllm.bench.e2e import timed_rounds
+
+    results = iter([100.0, None, 90.0])
+    level = timed_rounds(
+        lambda run: {"output_tokens_per_s": next(results)},
+        95.0,
+        lambda measure_run: (measure_run(0), {"timed_runs": 1, "jit_compiles": 0, "jit_free": True}),
+    )
+    assert level["output_tokens_per_s"] == 90.0 and level["spread"] is None and level["steady"] is False
 
 
 def test_a_served_level_is_warmed_up_again_while_its_untimed_rounds_compile(tmp_path, monkeypatch):
@@ -621,3 +634,15 @@ def test_no_capacity_estimate_is_an_error_not_a_probe():
 
     with pytest.raises(SamoyedsError, match="no capacity estimate"):
         e2e.measure_max_seqs(None, None, 4096, 0.0, None, "m", e2e.PROBE_FACTORS, {}, lambda: None)
+
+
+@pytest.mark.parametrize("harness", [4, 5])
+def test_the_report_says_how_a_served_level_was_timed(harness):
+    """Harness 5 keeps the median of three timed rounds; a report of an older run still says what it did."""
+    samoyeds = _result("samoyeds(V=128), FP8 values", {1: 270}, tpot=3.5)
+    results = {"preset": "p", "date": "d", "device": "g", "vllm": "v", "torch": "t", "engine_args": []}
+    text = markdown({**results, "harness": harness, "api_servers": 4, "variants": {"samoyeds-fp8": samoyeds}})
+    assert "Served through 4 API server processes (`--api-server-count 4`)" in text
+    median = "untimed round of as many; each level the median of three timed rounds (harness 5)."
+    assert (median in text) is (harness == 5)
+    assert harness == 5 or "untimed round of as many." in text
