@@ -6,30 +6,72 @@ round after round (so drift in clocks or temperature hits every tree alike), the
 
 A tree is NAME=PATH: PATH goes first on PYTHONPATH (a directory holding a `samoyeds_vllm` package with its csrc/ and
 configs/ inside: `git archive REV samoyeds_vllm csrc configs | tar -x -C PATH && mv PATH/csrc PATH/configs
-PATH/samoyeds_vllm/`); an empty PATH is the installed project. The same tree twice under two names with different
-`--env` compares settings. Every bench runs from a scratch directory, so a checkout in the current directory does
-not shadow PATH, and the run first prints which file each tree imports. DIR gets each bench's JSON, log.txt and
-summary.txt: per run, path and token count, each tree's µs in every round, the first tree's best over each tree's
-best, and each tree's error against the fp32 reference (equal errors: the trees compute the same).
+PATH/samoyeds_vllm/`); an empty PATH is the installed project; a PATH ending in .diff or .patch is this checkout
+with that diff applied (`git diff main...BRANCH`: its changes to samoyeds_vllm/, csrc/ and configs/, the rest left
+out), made in a temporary folder (no git needed where it runs, only `patch`). The same tree twice under two names
+with different `--env` compares settings. Every bench runs from a scratch directory, so a checkout in the current
+directory does not shadow PATH, and the run first prints which file each tree imports. DIR gets each bench's JSON,
+log.txt and summary.txt: per run, path and token count, each tree's µs in every round, the first tree's best over
+each tree's best, and each tree's error against the fp32 reference (equal errors: the trees compute the same).
 """
 
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]  # the checkout a diff tree starts from
+TREE_DIRS = ("samoyeds_vllm", "csrc", "configs")  # what a tree holds; csrc/ and configs/ move into the package
+DIFF_SUFFIXES = (".diff", ".patch")
+
 
 def parse_tree(text: str) -> tuple[str, str]:
     name, sep, path = text.partition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"a tree is NAME=PATH (PATH may be empty), not {text!r}")
-    if path and not (Path(path) / "samoyeds_vllm").is_dir():
+    if path.endswith(DIFF_SUFFIXES):
+        if not Path(path).is_file():
+            raise argparse.ArgumentTypeError(f"no diff at {path}")
+    elif path and not (Path(path) / "samoyeds_vllm").is_dir():
         raise argparse.ArgumentTypeError(f"{path} holds no samoyeds_vllm package")
     return name, path
+
+
+def package_sections(diff: str) -> str:
+    """The sections of a git diff that change TREE_DIRS (a branch's diff also holds tests, docs, results)."""
+    sections = re.split(r"(?m)^(?=diff --git )", diff)
+    keep = [
+        section
+        for section in sections
+        if section.startswith("diff --git a/") and section.split(" ")[2].removeprefix("a/").split("/")[0] in TREE_DIRS
+    ]
+    return "".join(keep)
+
+
+def diff_tree(diff: Path, where: Path, root: Path = ROOT) -> Path:
+    """`root`'s TREE_DIRS with `diff`'s changes to them applied, as a tree in `where` (csrc/, configs/ inside the
+    package). A diff that does not apply is an error naming it; one that changes none of them is refused."""
+    patch = package_sections(diff.read_text())
+    if not patch:
+        sys.exit(f"{diff} changes nothing under {', '.join(TREE_DIRS)}")
+    if where.exists():
+        shutil.rmtree(where)
+    for name in TREE_DIRS:
+        shutil.copytree(root / name, where / name, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run(
+        ["patch", "-p1", "--forward", "--batch", "--silent"], input=patch, cwd=where, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        sys.exit(f"{diff} does not apply to {root}:\n{done.stdout}{done.stderr}")
+    for name in TREE_DIRS[1:]:
+        (where / name).rename(where / "samoyeds_vllm" / name)
+    return where
 
 
 def parse_run(text: str) -> tuple[str, str]:
@@ -131,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--env names tree {tree!r}, not one of {', '.join(names)}")
         settings[tree][key] = value
     args.out.mkdir(parents=True, exist_ok=True)
+    trees = Path(tempfile.mkdtemp(prefix="ab-trees-"))  # diff trees: not in DIR, which keeps the results
+    args.tree = [
+        (name, str(diff_tree(Path(path), trees / name)) if path.endswith(DIFF_SUFFIXES) else path)
+        for name, path in args.tree
+    ]
     with open(args.out / "log.txt", "a") as log:
         results = run_trees(args, settings, log)
     summary = summarize(results, names)

@@ -73,3 +73,34 @@ def test_trees_alternate_outside_the_checkout(tmp_path, monkeypatch):
 class _Done:
     def __init__(self, stdout: str):
         self.stdout, self.stderr, self.returncode = stdout, "", 0
+
+
+def _section(path: str, old: str, new: str) -> str:
+    return f"diff --git a/{path} b/{path}\nindex 1..2 100644\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-{old}\n+{new}\n"
+
+
+def test_a_diff_tree_is_the_checkout_with_the_branchs_package_changes(tmp_path):
+    """A branch's diff (`git diff main...BRANCH`) also changes tests and results: only samoyeds_vllm/, csrc/ and
+    configs/ are applied, on a copy of the checkout, with csrc/ and configs/ moved into the package."""
+    root = tmp_path / "checkout"
+    for name, text in {"samoyeds_vllm/__init__.py": "x = 1", "csrc/gemm.cuh": "old", "configs/t.json": "{}"}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text + "\n")
+    diff = tmp_path / "branch.diff"
+    diff.write_text(_section("csrc/gemm.cuh", "old", "new") + _section("tests/test_gemm.py", "a", "b"))
+    assert ab_moe.parse_tree(f"branch={diff}") == ("branch", str(diff))
+    tree = ab_moe.diff_tree(diff, tmp_path / "tree", root)
+    assert (tree / "samoyeds_vllm" / "csrc" / "gemm.cuh").read_text() == "new\n"
+    assert (tree / "samoyeds_vllm" / "configs" / "t.json").exists() and not (tree / "tests").exists()
+    assert (root / "csrc" / "gemm.cuh").read_text() == "old\n"  # the checkout itself untouched
+
+    stale = tmp_path / "stale.diff"
+    stale.write_text(_section("csrc/gemm.cuh", "older", "new"))
+    with pytest.raises(SystemExit, match="stale.diff does not apply"):
+        ab_moe.diff_tree(stale, tmp_path / "tree2", root)
+    tests_only = tmp_path / "tests.diff"
+    tests_only.write_text(_section("tests/test_gemm.py", "a", "b"))
+    with pytest.raises(SystemExit, match="changes nothing under samoyeds_vllm, csrc, configs"):
+        ab_moe.diff_tree(tests_only, tmp_path / "tree3", root)
+    with pytest.raises(argparse.ArgumentTypeError, match="no diff at"):
+        ab_moe.parse_tree(f"gone={tmp_path / 'gone.diff'}")
