@@ -1004,8 +1004,8 @@ def markdown(results: dict) -> str:
         lines += [f"**A kernel was still compiled in every timed run** (so these include it): {jit}", ""]
     if unsteady := _unsteady_levels(v, names):
         lines += [
-            f"**Served levels whose timed rounds disagreed by more than 10%** (output tok/s, untimed round first): "
-            f"{unsteady}",
+            f"**Served levels whose timed rounds disagreed by more than {STEADY_TOLERANCE:.0%}** (output tok/s, "
+            f"untimed round first): {unsteady}",
             "",
         ]
     memory = {n: _memory(v[n]) for n in names}
