@@ -161,6 +161,12 @@ def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     ops."""
     if router_logits.is_cuda and _fused_topk_softmax() is not None:
         return _route_fused(router_logits, top_k, renormalize)
+    return softmax_topk_ops(router_logits, top_k, renormalize)
+
+
+def softmax_topk_ops(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax_topk in tensor ops alone, which import nothing of vLLM: the routing of made-up problems
+    (tools/moe_problem.py), where importing vLLM for its fused kernel cost every bench process on an H200 ~15 s."""
     return _topk(router_logits, "softmax", None, top_k, renormalize, 1.0)
 
 

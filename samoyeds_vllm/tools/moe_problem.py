@@ -15,7 +15,7 @@ import torch
 from .. import kernels
 from ..format import PackedWeight, Pattern, compress, decompress, prune, quantize
 from ..plugin.ops import moe_experts, moe_reference
-from ..plugin.routing import Routing, route
+from ..plugin.routing import softmax_topk_ops
 from .architectures import MoEShape
 
 ROUTINGS = ("balanced", "skewed", "sparse", "one-hot")
@@ -35,7 +35,8 @@ class MoEProblem:
 
 def random_routing(tokens: int, shape: MoEShape, kind: str, generator: torch.Generator, device) -> tuple:
     """(weights, ids) for `kind`: "balanced" (random logits), "skewed" (a few experts get most tokens),
-    "sparse" (half the experts get nothing), "one-hot" (expert 0 is in every token's top-k)."""
+    "sparse" (half the experts get nothing), "one-hot" (expert 0 is in every token's top-k); vLLM's softmax top-k
+    in tensor ops (int64 ids), so that making a problem imports no vLLM (`bench moe --no-vllm`, ab_moe)."""
     logits = torch.randn(tokens, shape.num_experts, generator=generator, device=device)
     if kind == "skewed":
         logits[:, : max(1, shape.num_experts // 16)] += 4.0
@@ -45,7 +46,7 @@ def random_routing(tokens: int, shape: MoEShape, kind: str, generator: torch.Gen
         logits[:, 0] = 1e4
     elif kind != "balanced":
         raise ValueError(f"unknown routing {kind!r}; choose one of {', '.join(ROUTINGS)}")
-    return route(logits, Routing(shape.top_k))
+    return softmax_topk_ops(logits, shape.top_k, renormalize=True)
 
 
 def make_problem(

@@ -2,6 +2,8 @@
 keyword names the peers call (they first run on a GPU elsewhere), skip reasons, the table, the command line."""
 
 import inspect
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -31,6 +33,37 @@ from samoyeds_vllm.format.fp8_blocks import dequantize_blocks
 from samoyeds_vllm.tools.architectures import MoEShape
 from samoyeds_vllm.tools.fp8_blocks import quantize_blocks
 from samoyeds_vllm.tools.moe_problem import _prune_and_pack, make_problem
+
+# --- problems ------------------------------------------------------------------------------------------------
+
+
+def test_making_a_problem_imports_no_vllm():
+    """`bench moe --no-vllm` and ab_moe make their problems in processes that need nothing of vLLM: importing it for
+    the routing cost every such process ~15 s on an H200."""
+    code = (
+        "import sys\n"
+        "from samoyeds_vllm.format import Pattern\n"
+        "from samoyeds_vllm.tools.architectures import MoEShape\n"
+        "from samoyeds_vllm.tools.moe_problem import make_problem\n"
+        "p = make_problem(MoEShape(8, 256, 128, 2), Pattern.parse('samoyeds'), 5, device='cpu')\n"
+        "assert p.topk_ids.dtype == __import__('torch').int64, p.topk_ids.dtype\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_problem_routing_is_softmax_topk_renormalised():
+    problem = make_problem(MoEShape(16, 256, 128, 4), None, 9, torch.bfloat16, seed=1, device="cpu")
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    torch.randn(16, 2 * 128, 256, generator=gen), torch.randn(16, 256, 128, generator=gen)  # the weights' draws
+    torch.randn(9, 256, generator=gen)  # x
+    probs = torch.softmax(torch.randn(9, 16, generator=gen), dim=-1)
+    top = probs.topk(4, dim=-1)
+    assert torch.equal(problem.topk_ids, top.indices)
+    torch.testing.assert_close(problem.topk_weights, top.values / top.values.sum(-1, keepdim=True))
+
 
 # --- weight formats -------------------------------------------------------------------------------------------
 
