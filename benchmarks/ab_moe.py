@@ -124,34 +124,37 @@ def summarize(results: dict[str, list[dict]], trees: list[str]) -> str:
 
 def run_trees(args: argparse.Namespace, settings: dict[str, dict[str, str]], log) -> dict[str, list[dict]]:
     """Every run of every tree, tree after tree within a round; the bench JSONs by tree."""
-    scratch = tempfile.mkdtemp(prefix="ab-moe-")  # not the checkout: its samoyeds_vllm would shadow PYTHONPATH
-    bench = [sys.executable, "-m", "samoyeds_vllm.cli", "bench", "moe", "--no-vllm", "--pattern", args.pattern]
-    for name, path in args.tree:
-        where = subprocess.run(
-            [sys.executable, "-c", "import samoyeds_vllm; print(samoyeds_vllm.__file__)"],
-            env=tree_environment(path, settings[name]),
-            cwd=scratch,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        print(f"tree {name}: {where} {settings[name] or ''}", file=log, flush=True)
-    results: dict[str, list[dict]] = {name: [] for name, _ in args.tree}
-    for round_ in range(1, args.rounds + 1):
+    # the benches run from a temporary folder, not the checkout, whose samoyeds_vllm would shadow PYTHONPATH
+    with tempfile.TemporaryDirectory(prefix="ab-moe-") as scratch:
+        bench = [sys.executable, "-m", "samoyeds_vllm.cli", "bench", "moe", "--no-vllm", "--pattern", args.pattern]
         for name, path in args.tree:
-            for shape, tokens in args.run:
-                out = (args.out / f"{name}-{shape}-r{round_}.json").resolve()
-                command = [*bench, "--shape", shape, "--tokens", tokens, "--json", str(out)]
-                if args.values == "fp8":
-                    command += ["--values", "fp8"]
-                done = subprocess.run(
-                    command, env=tree_environment(path, settings[name]), cwd=scratch, capture_output=True, text=True
-                )
-                print(f"--- {name} {shape} round {round_}\n{done.stdout}{done.stderr[-2000:]}", file=log, flush=True)
-                if done.returncode != 0:
-                    sys.exit(f"bench moe failed for tree {name}, {shape} (log: {args.out / 'log.txt'})")
-                results[name].append(json.loads(out.read_text()))
-    return results
+            where = subprocess.run(
+                [sys.executable, "-c", "import samoyeds_vllm; print(samoyeds_vllm.__file__)"],
+                env=tree_environment(path, settings[name]),
+                cwd=scratch,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            print(f"tree {name}: {where} {settings[name] or ''}", file=log, flush=True)
+        results: dict[str, list[dict]] = {name: [] for name, _ in args.tree}
+        for round_ in range(1, args.rounds + 1):
+            for name, path in args.tree:
+                for shape, tokens in args.run:
+                    out = (args.out / f"{name}-{shape}-r{round_}.json").resolve()
+                    command = [*bench, "--shape", shape, "--tokens", tokens, "--json", str(out)]
+                    if args.values == "fp8":
+                        command += ["--values", "fp8"]
+                    done = subprocess.run(
+                        command, env=tree_environment(path, settings[name]), cwd=scratch, capture_output=True, text=True
+                    )
+                    print(
+                        f"--- {name} {shape} round {round_}\n{done.stdout}{done.stderr[-2000:]}", file=log, flush=True
+                    )
+                    if done.returncode != 0:
+                        sys.exit(f"bench moe failed for tree {name}, {shape} (log: {args.out / 'log.txt'})")
+                    results[name].append(json.loads(out.read_text()))
+        return results
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -173,12 +176,12 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--env names tree {tree!r}, not one of {', '.join(names)}")
         settings[tree][key] = value
     args.out.mkdir(parents=True, exist_ok=True)
-    trees = Path(tempfile.mkdtemp(prefix="ab-trees-"))  # diff trees: not in DIR, which keeps the results
-    args.tree = [
-        (name, str(diff_tree(Path(path), trees / name)) if path.endswith(DIFF_SUFFIXES) else path)
-        for name, path in args.tree
-    ]
-    with open(args.out / "log.txt", "a") as log:
+    # diff trees in a temporary folder, not in DIR, which keeps the results; removed at the end
+    with tempfile.TemporaryDirectory(prefix="ab-trees-") as trees, open(args.out / "log.txt", "a") as log:
+        args.tree = [
+            (name, str(diff_tree(Path(path), Path(trees) / name)) if path.endswith(DIFF_SUFFIXES) else path)
+            for name, path in args.tree
+        ]
         results = run_trees(args, settings, log)
     summary = summarize(results, names)
     (args.out / "summary.txt").write_text(summary + "\n")

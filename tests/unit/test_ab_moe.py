@@ -46,8 +46,11 @@ def test_trees_alternate_outside_the_checkout(tmp_path, monkeypatch):
     (old / "samoyeds_vllm").mkdir(parents=True)
     calls = []
 
+    scratch = set()
+
     def fake_run(command, env, cwd, capture_output, text, check=False):
         assert Path(cwd) != Path.cwd() and not (Path(cwd) / "samoyeds_vllm").exists()
+        scratch.add(Path(cwd))
         tree = "old" if env.get("PYTHONPATH", "").startswith(str(old)) else "new"
         if "-c" in command:  # which package the tree imports
             return _Done(f"{tree}/samoyeds_vllm/__init__.py\n")
@@ -68,6 +71,7 @@ def test_trees_alternate_outside_the_checkout(tmp_path, monkeypatch):
     log = (tmp_path / "ab" / "log.txt").read_text()
     assert "tree old: old/samoyeds_vllm/__init__.py" in log and "--- new qwen3-30b-a3b round 2" in log
     assert os.environ["PYTHONPATH"] == "/elsewhere"
+    assert len(scratch) == 1 and not scratch.pop().exists()  # the benches' temporary folder is gone
 
 
 class _Done:
