@@ -11,19 +11,19 @@ at a batch of 256 they are mostly that prefill, in steps of vLLM's default batch
 an H200, vLLM 0.26), as `bench e2e`'s 1024:256 mix starts. With --cached-prompts the profiled run finds its prompts
 in the prefix cache the untimed run filled (while the KV cache holds them; `cached_prompt_tokens` says how many
 hit): vLLM still recomputes each prompt's last block (a hit covers whole blocks and never a prompt's last token), in
-one or two short prefill steps, and the rest are decodes at that context; more --steps dilute those. The GPU time
-of each trace is split among its kernels (where kernels overlap, as dependent launches do, each instant goes to the
-earliest-started one: kernel_times), summed by category (kernel-name patterns below) and divided by the tokens
-generated per sequence (any prefill included; the JSON's `*_per_step` keys, kept for older results, mean per
-generated token); the wall time is measured around generate, and the GPU idle time is what of it no kernel covers
-(host work between kernels and steps, and generate's own: adding the requests, finishing the outputs). The steady
-decode steps are also measured alone ("decode" rows, `decode_steps`): vLLM names each engine step in the trace, and
-from the GPU start of one step that decodes the whole batch to the start of the next are its wall and kernel times,
-averaged over the run's such steps (so the prompts' prefill and the run's start and end drop out; the median wall
-too). A profiled run with a GPU gap of a second or more (a kernel compiled on first use) is profiled again, three
-runs at most. Writes DIR/profile-decode.json and DIR/profile-decode.png (a bar per row of the table, split so),
-keeps the traces in DIR/trace-VARIANT-bBATCH, and prints a table. On a CPU there are no GPU kernels: only wall
-times.
+one or two short prefill steps, and the rest are decodes at that context; more --steps dilute those. The GPU time of
+each trace is split among its kernels (where kernels overlap, as dependent launches do, each instant goes to the
+earliest-started one: kernel_times), summed by category (kernel-name patterns: samoyeds_vllm/bench/trace.py) and
+divided by the tokens generated per sequence (any prefill included; the JSON's `*_per_step` keys, kept for older
+results, mean per generated token); the wall time is measured around generate, and the GPU idle time is what of it
+no kernel covers (host work between kernels and steps, and generate's own: adding the requests, finishing the
+outputs). The steady decode steps are also measured alone ("decode" rows, `decode_steps`): vLLM names each engine
+step in the trace, and from the GPU start of one step that decodes the whole batch to the start of the next are its
+wall and kernel times, averaged over the run's such steps (so the prompts' prefill and the run's start and end drop
+out; the median wall too). A profiled run with a GPU gap of a second or more (a kernel compiled on first use) is
+profiled again, three runs at most. Writes DIR/profile-decode.json and DIR/profile-decode.png (a bar per row of the
+table, split so), keeps the traces in DIR/trace-VARIANT-bBATCH, and prints a table. On a CPU there are no GPU
+kernels: only wall times.
 
     python benchmarks/profile_decode.py --out DIR --replot     # the table and plot again from DIR's JSON
     python benchmarks/profile_decode.py --out DIR --reread     # the decode steps again from DIR's traces, then that
@@ -32,13 +32,9 @@ times.
 from __future__ import annotations
 
 import argparse
-import bisect
-import gzip
-import heapq
 import itertools
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -49,122 +45,26 @@ from pathlib import Path
 from typing import NamedTuple
 
 from samoyeds_vllm.bench.e2e import VARIANTS, variant_env
+from samoyeds_vllm.bench.trace import (
+    CATEGORIES,
+    Kernels,
+    busy_time,
+    by_category,
+    category,
+    kernel_spans,
+    kernel_times,
+    largest_gaps,
+    read_trace,
+)
 
 DEFAULT_VARIANTS = ("dense", "dense-fp8", "samoyeds", "samoyeds-fp8")
 
-CATEGORIES = (  # first match wins; vLLM's dense MoE runs its SiLU-and-mul (act_and_mul) as a separate kernel
-    ("moe", re.compile(r"samoyeds|moe|topk|expert|act_and_mul", re.I)),
-    ("attention", re.compile(r"flash|attn|attention|reshape_and_cache|rotary|rope", re.I)),
-    ("gemm", re.compile(r"gemm|gemv|cutlass|xmma|nvjet|cublas|matmul", re.I)),
-)
 TOP_KERNELS = 15  # the slowest kernels of a trace are kept by name, to check the categories
 # A GPU gap this long in a profiled run is a kernel compiled on first use (DeepGEMM's nvcc for a token count the
 # untimed run did not schedule, Triton), not the steady state: that run is profiled again, at most PROFILE_ATTEMPTS
 # times in all.
 STALL_US = 1e6
 PROFILE_ATTEMPTS = 3
-
-
-# vLLM's GPU worker names each engine step after its "context" (prefill) and "generation" (decode) requests and
-# tokens (`annotate_profile` in vllm/v1/worker/gpu_worker.py), with the step's token count and per-phase sums when
-# its detailed_trace_annotation is on: `execute_context_0(0)_generation_256(256)`,
-# `execute_256_context_0(sq0sk0sqsq0sqsk0)_generation_256(sq256sk270592sqsq256sqsk270592)`.
-STEP = re.compile(r"execute_(?:\d+_)?context_(\d+)\([^)]*\)_generation_(\d+)\([^)]*\)")
-
-
-def category(kernel: str) -> str:
-    return next((name for name, pattern in CATEGORIES if pattern.search(kernel)), "other")
-
-
-class Trace(NamedTuple):
-    """What a profiled run's torch-profiler traces hold, read once: `kernels` (name, start µs, duration µs) of every
-    GPU kernel; `steps` (start µs, prefill requests, decode requests) of each engine step (STEP), in time order. A
-    step starts on the GPU's clock, where its first kernel starts (the profiler's GPU-side copy of the host's
-    annotation), so a window between two starts holds that step's kernels and no other's. A CPU run has no steps."""
-
-    kernels: list[tuple[str, float, float]]
-    steps: list[tuple[float, int, int]]
-
-
-def read_trace(trace_dir: Path) -> Trace:
-    """The kernels and engine steps of the torch-profiler traces in `trace_dir`."""
-    kernels, steps = [], []
-    for path in sorted(trace_dir.glob("*.json*")):
-        with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
-            events = json.load(f).get("traceEvents", [])
-        for e in events:
-            if e.get("cat") == "kernel":
-                kernels.append((e.get("name", ""), float(e.get("ts", 0)), float(e.get("dur", 0))))
-            elif e.get("cat") == "gpu_user_annotation" and (match := STEP.fullmatch(e.get("name", ""))):
-                steps.append((float(e.get("ts", 0)), int(match[1]), int(match[2])))
-    return Trace(kernels, sorted(steps))
-
-
-def kernel_spans(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
-    """µs from start to end per kernel name, summed. A kernel launched as a programmatic dependent launch (ours,
-    DeepGEMM's) starts before the kernel before it ends and waits inside, so its span includes that wait."""
-    totals: dict[str, float] = defaultdict(float)
-    for name, _, dur in kernels:
-        totals[name] += dur
-    return dict(totals)
-
-
-def kernel_times(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
-    """µs of GPU time per kernel name, each instant given to the earliest-started kernel running then: of kernels
-    that overlap through dependent launches the later ones wait for it, so it is the one on the step's path. The
-    times add up to busy_time (summing spans would count the waits too)."""
-    totals: dict[str, float] = defaultdict(float)
-    running: list[tuple[float, int, float, str]] = []  # heap of (start, launch order, end, name)
-    now = float("-inf")
-
-    def advance(until: float) -> None:
-        nonlocal now
-        while running and now < until:
-            _, _, end, name = running[0]
-            if end > now:
-                stop = min(end, until)
-                totals[name] += stop - now
-                now = stop
-            if end <= now:
-                heapq.heappop(running)
-        now = max(now, until)
-
-    for order, (name, start, dur) in enumerate(sorted(kernels, key=lambda k: k[1])):
-        advance(start)
-        heapq.heappush(running, (start, order, start + dur, name))
-    advance(float("inf"))
-    return dict(totals)
-
-
-def _gaps(kernels: list[tuple[str, float, float]]) -> list[dict]:
-    """Every stretch with no kernel running between the first kernel's start and the last one's end, in time
-    order, with the kernels on either side (kernels of several streams may overlap)."""
-    gaps, end, last = [], float("-inf"), None
-    for name, start, dur in sorted(kernels, key=lambda k: k[1]):
-        if last is not None and start > end:
-            gaps.append({"us": start - end, "after": last[:100], "before": name[:100]})
-        if start + dur >= end:
-            end, last = start + dur, name
-    return gaps
-
-
-def busy_time(kernels: list[tuple[str, float, float]]) -> float:
-    """µs during which at least one kernel ran (overlapping kernels of several streams count once)."""
-    if not kernels:
-        return 0.0
-    span = max(start + dur for _, start, dur in kernels) - min(start for _, start, _ in kernels)
-    return span - sum(gap["us"] for gap in _gaps(kernels))
-
-
-def largest_gaps(kernels: list[tuple[str, float, float]], count: int = 5) -> list[dict]:
-    """The `count` longest stretches with no kernel running, each with the kernels on either side: a one-off
-    stall (a kernel compiled on first use) shows as one gap far longer than the rest."""
-    return sorted(_gaps(kernels), key=lambda g: -g["us"])[:count]
-
-
-def stalled_on_a_compile(gaps: list[dict]) -> bool:
-    """Whether a trace's longest GPU gap (largest_gaps) is STALL_US or more: a kernel compiled on first use."""
-    return bool(gaps) and gaps[0]["us"] >= STALL_US
 
 
 def _prompt(index: int, length: int) -> list[int]:
@@ -175,11 +75,9 @@ def _prompt(index: int, length: int) -> list[int]:
     return ids
 
 
-def by_category(times: dict[str, float]) -> dict[str, float]:
-    totals: dict[str, float] = defaultdict(float)
-    for name, us in times.items():
-        totals[category(name)] += us
-    return dict(totals)
+def stalled_on_a_compile(gaps: list[dict]) -> bool:
+    """Whether a trace's longest GPU gap (largest_gaps) is STALL_US or more: a kernel compiled on first use."""
+    return bool(gaps) and gaps[0]["us"] >= STALL_US
 
 
 def decode_steps(
@@ -198,14 +96,10 @@ def decode_steps(
     ]
     if not windows:
         return None
-    # sorted by start, so that a window's kernels keep their launch order once cut (kernel_times gives an instant
-    # to the earliest-started kernel); a window looks only as far back as the longest kernel
-    kernels = sorted(kernels, key=lambda k: k[1])
-    starts, longest = [k[1] for k in kernels], max((k[2] for k in kernels), default=0.0)
+    sorted_kernels = Kernels(kernels)
     busy, times = 0.0, defaultdict(float)
     for start, end in windows:
-        near = kernels[bisect.bisect_left(starts, start - longest) : bisect.bisect_left(starts, end)]
-        cut = [(n, max(s, start), min(s + d, end) - max(s, start)) for n, s, d in near if s + d > start]
+        cut = sorted_kernels.window(start, end)
         busy += busy_time(cut)
         for name, us in kernel_times(cut).items():
             times[name] += us

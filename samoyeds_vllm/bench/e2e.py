@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -258,7 +258,7 @@ def _random_requests(mix: tuple[int, int], num_prompts: int, seed: int) -> list[
     ]
 
 
-def _bench_serve(
+def bench_serve(
     client: BenchServeClient,
     model: Path,
     mix: tuple[int, int],
@@ -267,8 +267,10 @@ def _bench_serve(
     out: Path,
     tag: str,
     seed: int,
+    extra: Sequence[str] = (),
 ) -> dict:
-    """One `vllm bench serve` load against the client's server, through its long-lived client."""
+    """One `vllm bench serve` load against the client's server, through its long-lived client; `extra`: more of
+    its arguments (`--profile`, `--save-detailed`)."""
     name = f"serve-{tag}.json"
     client.run(
         [
@@ -290,6 +292,7 @@ def _bench_serve(
             "--disable-tqdm",
             "--request-id-prefix",  # its default is drawn once per process: the same ids in every load
             f"bench-{tag}-{seed}-",
+            *extra,
         ],
         out / f"serve-{tag}.log",
     )
@@ -411,7 +414,7 @@ def measure_max_seqs(
         if done is None:
             with _MetricsPoller(client.url) as poll:
                 mix = (seq_len - output_len, output_len)
-                _bench_serve(client, model, mix, c, c, out, f"{tag}-maxseqs-{c}", seed=1_000_000 + c)
+                bench_serve(client, model, mix, c, c, out, f"{tag}-maxseqs-{c}", seed=1_000_000 + c)
             done = {"concurrency": c, "peak_running": poll.peak_running, "preemptions": poll.preemptions}
             probes.append(done)
             probes.sort(key=lambda p: p["concurrency"])
@@ -625,7 +628,7 @@ def serve_level(
     others decode, so most steps mix prefills into decodes, and those batch shapes must be compiled and captured
     before the timed run too. Seeds: 2C timed, 2C + 1 untimed, each + _RERUN_SEEDS k for its k-th run."""
     c, name = concurrency, model.name
-    serve = partial(_bench_serve, client, model, mix, c, requests, out)
+    serve = partial(bench_serve, client, model, mix, c, requests, out)
     untimed, warmup = without_jit(
         lambda run: serve(f"{name}-c{c}-warmup" + (f"-{run}" if run else ""), seed=2 * c + 1 + _RERUN_SEEDS * run),
         log,

@@ -486,7 +486,7 @@ def test_a_served_level_is_warmed_up_again_while_its_untimed_rounds_compile(tmp_
             f.write(JIT_LINE * next(compiles))
         return {"concurrency": concurrency, "output_tokens_per_s": 100.0}
 
-    monkeypatch.setattr(e2e, "_bench_serve", bench_serve)
+    monkeypatch.setattr(e2e, "bench_serve", bench_serve)
     monkeypatch.setattr(e2e, "server_split", lambda url, measure: measure())
     server = types.SimpleNamespace(url="http://x")
     level = e2e.serve_level(server, tmp_path / "m", (128, 128), 256, 1024, tmp_path, log, [])
@@ -616,7 +616,7 @@ def test_capacity_probes_go_outwards_from_the_estimate(monkeypatch, capacity, qu
             self.preemptions = 1.0 if load > capacity and not queues else 0.0
 
     monkeypatch.setattr(e2e, "_MetricsPoller", Poller)
-    monkeypatch.setattr(e2e, "_bench_serve", lambda server, model, mix, c, n, out, tag, seed: offered.append(c))
+    monkeypatch.setattr(e2e, "bench_serve", lambda server, model, mix, c, n, out, tag, seed: offered.append(c))
     server, saves, measured = types.SimpleNamespace(url="http://x"), [], {}
     e2e.measure_max_seqs(server, None, 4096, 304.1, None, "m", e2e.PROBE_FACTORS, measured, lambda: saves.append(1))
     assert sorted(offered) == probed and [p["concurrency"] for p in measured["probes"]] == probed
