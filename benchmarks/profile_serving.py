@@ -42,7 +42,7 @@ from samoyeds_vllm.bench.e2e import (
     variant_env,
     watched_jit_caches,
 )
-from samoyeds_vllm.bench.trace import Kernels, busy_time, by_category, kernel_times, read_trace
+from samoyeds_vllm.bench.trace import Kernels, busy_time, by_category, gap_spans, kernel_times, read_trace
 from samoyeds_vllm.tools.serve_client import BenchServeClient
 from samoyeds_vllm.tools.vllm_server import VllmServer, gpu_memory_used, wait_for_gpu_memory, without_jit
 
@@ -71,8 +71,8 @@ def step_split(trace, idle_ms: float = IDLE_MS) -> dict:
     edges = [start for start, _, _ in steps] + [max(last_end, steps[-1][0])]
     # stretches within the steps' span only (before the first step the profiler waits for the load's requests), so
     # the windows and the idle time add up to the span
-    idle_spans = [(max(a, edges[0]), min(b, edges[-1])) for a, b in _idle_spans(kernels, idle_ms)]
-    idle_spans = [(a, b) for a, b in idle_spans if b - a >= idle_ms * 1e3]
+    clipped = [(max(a, edges[0]), min(b, edges[-1])) for a, b, _, _ in gap_spans(kernels)]
+    idle_spans = [(a, b) for a, b in clipped if b - a >= idle_ms * 1e3]
     sorted_kernels = Kernels(kernels)
     totals = {kind: {"steps": 0, "window_us": 0.0, "busy_us": 0.0, "times": defaultdict(float)} for kind in KINDS}
     for (start, prefills, _), end in zip(steps, edges[1:], strict=True):
@@ -101,16 +101,6 @@ def step_split(trace, idle_ms: float = IDLE_MS) -> dict:
     }
     split["span_ms"] = (edges[-1] - steps[0][0]) / 1e3
     return split
-
-
-def _idle_spans(kernels, idle_ms: float) -> list[tuple[float, float]]:
-    """(start, end) of every stretch of `idle_ms` or more with no kernel running."""
-    spans, end = [], float("-inf")
-    for _, start, dur in sorted(kernels, key=lambda k: k[1]):
-        if end != float("-inf") and start - end >= idle_ms * 1e3:
-            spans.append((end, start))
-        end = max(end, start + dur)
-    return spans
 
 
 def _overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:

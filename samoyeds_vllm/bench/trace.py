@@ -89,16 +89,24 @@ def kernel_times(kernels: list[tuple[str, float, float]]) -> dict[str, float]:
     return dict(totals)
 
 
-def gpu_gaps(kernels: list[tuple[str, float, float]]) -> list[dict]:
-    """Every stretch with no kernel running between the first kernel's start and the last one's end, in time
-    order, with the kernels on either side (kernels of several streams may overlap)."""
+def gap_spans(kernels: list[tuple[str, float, float]]) -> list[tuple[float, float, str, str]]:
+    """(start, end, the kernel before, the kernel after) of every stretch with no kernel running between the first
+    kernel's start and the last one's end, in time order (kernels of several streams may overlap)."""
     gaps, end, last = [], float("-inf"), None
     for name, start, dur in sorted(kernels, key=lambda k: k[1]):
         if last is not None and start > end:
-            gaps.append({"us": start - end, "after": last[:100], "before": name[:100]})
+            gaps.append((end, start, last, name))
         if start + dur >= end:
             end, last = start + dur, name
     return gaps
+
+
+def gpu_gaps(kernels: list[tuple[str, float, float]]) -> list[dict]:
+    """gap_spans as records: each stretch's µs and the kernels on either side."""
+    return [
+        {"us": end - start, "after": after[:100], "before": before[:100]}
+        for start, end, after, before in gap_spans(kernels)
+    ]
 
 
 def busy_time(kernels: list[tuple[str, float, float]]) -> float:
@@ -106,7 +114,7 @@ def busy_time(kernels: list[tuple[str, float, float]]) -> float:
     if not kernels:
         return 0.0
     span = max(start + dur for _, start, dur in kernels) - min(start for _, start, _ in kernels)
-    return span - sum(gap["us"] for gap in gpu_gaps(kernels))
+    return span - sum(end - start for start, end, _, _ in gap_spans(kernels))
 
 
 def largest_gaps(kernels: list[tuple[str, float, float]], count: int = 5) -> list[dict]:
