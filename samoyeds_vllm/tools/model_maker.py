@@ -23,7 +23,7 @@ from tqdm import tqdm
 from ..errors import SamoyedsError
 from ..format import Pattern, quantization_config
 from ..format.fp8_blocks import SCALE_SUFFIX, block_size
-from .architectures import ARCHITECTURES, DOWN, Architecture, architecture_of, text_config
+from .architectures import ALIASES, ARCHITECTURES, DOWN, Architecture, architecture_of, text_config
 from .checkpoint_io import DEFAULT_MAX_SHARD_BYTES, DTYPES, ShardedWriter, check_output_dir, staged_dirs
 from .fp8_blocks import fp8_block_config, quantize_blocks
 from .presets import load_preset, preset_family
@@ -360,6 +360,7 @@ def make_model(
     interrupted run leaves no out_dir (and, with force, the previous one untouched). Returns out_dir.
     """
     out_dir = Path(os.path.abspath(out_dir))  # so "." has a name and a parent, without following symlinks
+    arch = ALIASES.get(arch, arch)
     hf_config = load_preset(arch, preset)
     text = text_config(hf_config)  # the language model's part (hf_config itself but for multimodal models)
     if layers is not None:

@@ -9,7 +9,7 @@ import json
 from importlib import resources
 
 from ..errors import SamoyedsError
-from .architectures import ARCHITECTURES, MoEShape, moe_shape
+from .architectures import ALIASES, ARCHITECTURES, MoEShape, moe_shape
 
 TINY = "tiny"
 
@@ -41,11 +41,13 @@ def preset_family(preset: str) -> str:
 
 
 def load_preset(arch: str, preset: str) -> dict:
-    """The config.json dict of `preset` ("tiny" or a preset name) for model family `arch`, checked to match."""
+    """The config.json dict of `preset` ("tiny" or a preset name) for model family `arch`, checked to match. An
+    alias names the family whose checkpoints it shares (kimi_k2: deepseek_v3)."""
+    arch = ALIASES.get(arch, arch)
     presets = available_presets()
     families = sorted(set(ARCHITECTURES) | set(presets.values()))
     if arch not in families:
-        raise SamoyedsError(f"unknown architecture {arch!r}; supported: {', '.join(families)}")
+        raise SamoyedsError(f"unknown architecture {arch!r}; supported: {', '.join(sorted([*families, *ALIASES]))}")
     name = f"{TINY}-{arch}" if preset == TINY else preset.removesuffix(".json")
     if name not in presets:
         raise SamoyedsError(

@@ -71,13 +71,3 @@ def test_cited_results_folders_exist():
         if not (ROOT / "benchmarks" / "results" / name).exists()
     }
     assert not missing, f"results folders cited but not in benchmarks/results/: {missing}"
-
-
-def test_results_listing_names_existing_folders():
-    """benchmarks/README.md lists the latest run of each benchmark by folder name (`name/`)."""
-    text = (ROOT / "benchmarks" / "README.md").read_text()
-    listing = text[text.index("`results/` holds") + len("`results/` holds") :]
-    names = re.findall(r"`([a-z0-9][\w.-]*)/`", listing)
-    assert names, "benchmarks/README.md no longer lists its results folders"
-    missing = [n for n in names if not (ROOT / "benchmarks" / "results" / n).is_dir()]
-    assert not missing, f"benchmarks/README.md lists folders that are not in benchmarks/results/: {missing}"

@@ -435,8 +435,8 @@ def test_llama4_maverick_preset():
             "gpt2",
             "tiny",
             {},
-            "unknown architecture 'gpt2'; supported: deepseek_v2, deepseek_v3, glm4_moe, llama4, llama4_text, "
-            "mixtral, olmoe, qwen2_moe, qwen3_moe",
+            "unknown architecture 'gpt2'; supported: deepseek_v2, deepseek_v3, glm4_moe, kimi_k2, llama4, "
+            "llama4_text, mixtral, olmoe, qwen2_moe, qwen3_moe",
         ),
         (
             "qwen3_moe",
@@ -460,6 +460,15 @@ def test_bad_input_is_refused_and_leaves_nothing(tmp_path, arch, preset, kwargs,
     with pytest.raises(SamoyedsError, match=re.escape(message)):
         make_model(arch, preset, tmp_path / "out", **kwargs)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("preset", ["tiny", "kimi-k2"])
+def test_an_alias_makes_the_family_it_names(tmp_path, preset):
+    """kimi_k2 checkpoints are DeepSeek-V3's architecture (architectures.ALIASES): --arch kimi_k2 makes its presets."""
+    out = make_model("kimi_k2", preset, tmp_path / "out", config_only=True)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "deepseek_v3"
+    assert config["hidden_size"] == load_preset("deepseek_v3", preset)["hidden_size"]
 
 
 def test_existing_out_dir_needs_force(tmp_path, tiny_models):
