@@ -13,6 +13,7 @@ carry its two fields (`name`, `segment`), and only the kernels layer turns it in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +98,12 @@ class Pattern:
         if scaled:
             shapes["scale"] = (*lead, m)
         return shapes
+
+    def packed_bytes(self, shape: tuple[int, ...] | torch.Size, value_bytes: int, scaled: bool = False) -> int:
+        """Bytes of the packed tensors of a dense shape: values of `value_bytes` each, int16 metadata, uint8 row
+        selectors, fp32 scales (format/packing.py)."""
+        sizes = {"values": value_bytes, "meta": 2, "rowsel": 1, "scale": 4}
+        return sum(math.prod(s) * sizes[part] for part, s in self.packed_shapes(shape, scaled=scaled).items())
 
     def to_config(self) -> dict:
         """The checkpoint config keys that name this pattern (format.checkpoint reads them back)."""

@@ -178,6 +178,26 @@ def check_output_dir(out_dir: Path, force: bool, what: str = "output directory")
             )
 
 
+def check_free_space(needs: dict[Path, int], what: str) -> None:
+    """Refuse writes of about `needs[target]` bytes into each target's file system (targets on one file system added)
+    when it has less free: said now, not as a raw OSError after minutes of work."""
+    by_device: dict[int, tuple[Path, int]] = {}
+    for target, size in needs.items():
+        place = Path(os.path.abspath(target))
+        while not place.exists():
+            place = place.parent
+        device = place.stat().st_dev
+        first, total = by_device.get(device, (place, 0))
+        by_device[device] = (first, total + size)
+    for place, size in by_device.values():
+        free = shutil.disk_usage(place).free
+        if size > free:
+            raise SamoyedsError(
+                f"{what} needs about {size / 2**30:.1f} GiB in {place}, which has {free / 2**30:.1f} GiB free; "
+                "free some space or write elsewhere"
+            )
+
+
 @contextlib.contextmanager
 def _output_lock(target: Path) -> Iterator[None]:
     """Hold `.NAME.lock` beside `target` for the whole write, so two runs never write one output at once. The lock

@@ -6,6 +6,8 @@ asked); `quantize_blocks` writes such checkpoints (make-model --fp8-block), so t
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..errors import CheckpointError
@@ -69,6 +71,13 @@ class Fp8BlockReader:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.reader.shape(name)
+
+    def stored_bytes(self, name: str, dtype_bytes: int) -> int:
+        """Bytes of `name` as the checkpoint stores it: an FP8 weight and its fp32 scale_inv, else `dtype_bytes` a
+        value."""
+        if name + SCALE_SUFFIX not in self._present:
+            return dtype_bytes * math.prod(self.shape(name))
+        return math.prod(self.shape(name)) + 4 * math.prod(self.shape(name + SCALE_SUFFIX))
 
     def stored(self, name: str) -> dict[str, torch.Tensor]:
         """A tensor as the checkpoint stores it: an FP8 weight with its scale_inv, any other tensor alone."""

@@ -59,12 +59,6 @@ def _fp8_bytes(m: int, k: int) -> int:
     return m * k + math.prod(scale_shape((m, k))) * 4
 
 
-def _packed_bytes(m: int, k: int, pattern: Pattern, fp8: bool) -> int:
-    sizes = {"values": 1 if fp8 else 2, "meta": 2, "rowsel": 1, "scale": 4}  # int16 metadata, uint8 row choices
-    shapes = pattern.packed_shapes((m, k), scaled=fp8)
-    return sum(math.prod(shape) * sizes[part] for part, shape in shapes.items())
-
-
 def tensor_parallel_refusal(
     hf_config: dict, form: ModelForm, tp: int, from_fp8: bool = False, segment: int | None = None
 ):
@@ -105,7 +99,7 @@ def weight_bytes(
             if pattern is None:
                 size = sum(_fp8_bytes(m, k) if form.fp8 else 2 * m * k for m, k in experts)
             else:
-                size = sum(_packed_bytes(m, k, pattern, form.fp8) for m, k in experts)
+                size = sum(pattern.packed_bytes((m, k), 1 if form.fp8 else 2, scaled=form.fp8) for m, k in experts)
         elif other_fp8 and len(shape) == 2 and FP8_WEIGHT.match(name):
             size = _fp8_bytes(*shape)
         else:

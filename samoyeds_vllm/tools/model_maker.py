@@ -22,9 +22,16 @@ from tqdm import tqdm
 
 from ..errors import SamoyedsError
 from ..format import Pattern, quantization_config
-from ..format.fp8_blocks import SCALE_SUFFIX, block_size
+from ..format.fp8_blocks import SCALE_SUFFIX, block_size, scale_shape
 from .architectures import ALIASES, ARCHITECTURES, DOWN, Architecture, architecture_of, text_config
-from .checkpoint_io import DEFAULT_MAX_SHARD_BYTES, DTYPES, ShardedWriter, check_output_dir, staged_dirs
+from .checkpoint_io import (
+    DEFAULT_MAX_SHARD_BYTES,
+    DTYPES,
+    ShardedWriter,
+    check_free_space,
+    check_output_dir,
+    staged_dirs,
+)
 from .fp8_blocks import fp8_block_config, quantize_blocks
 from .presets import load_preset, preset_family
 from .tokenizer import build_tokenizer
@@ -304,6 +311,20 @@ def _not_fp8_modules(hf_config: dict) -> list[str]:
     return [n for n in names if not FP8_WEIGHT.match(n + ".weight") and not n.endswith("embed_tokens")]
 
 
+def weights_bytes(hf_config: dict) -> int:
+    """Bytes of the weights write_weights writes for `hf_config`: in its dtype, projections in FP8 with their block
+    scales where its quantization_config says so."""
+    size = DTYPES[hf_config["torch_dtype"]].itemsize
+    block = block_size(hf_config.get("quantization_config"))
+    total = 0
+    for name, shape in weight_specs(hf_config):
+        if block and FP8_WEIGHT.match(name):
+            total += math.prod(shape) + 4 * math.prod(scale_shape(shape, block))
+        else:
+            total += size * math.prod(shape)
+    return total
+
+
 def write_weights(
     model_dir: Path, hf_config: dict, seed: int = 0, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
 ) -> None:
@@ -393,6 +414,8 @@ def make_model(
     if fp8_block and sparse is None:
         hf_config["quantization_config"] = fp8_block_config(_not_fp8_modules(hf_config))
     check_output_dir(out_dir, force)
+    if not config_only:
+        check_free_space({out_dir: weights_bytes(hf_config)}, f"{preset} with random weights")
     with staged_dirs(out_dir, replace=force) as (work_dir,):
         token_ids = build_tokenizer(work_dir, text["vocab_size"])
         text.update(bos_token_id=token_ids["bos"], eos_token_id=token_ids["eos"], pad_token_id=token_ids["pad"])

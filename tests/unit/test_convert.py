@@ -489,3 +489,52 @@ def test_fp8_block_input_with_fused_experts(tmp_path):
     assert any(a[k].dtype == torch.float8_e4m3fn for k in others)
     quant = json.loads((tmp_path / "from-block" / "config.json").read_text())["quantization_config"]
     assert quant["format_version"] == 3 and quant["other_layers"] == config["quantization_config"]
+
+
+def tensor_bytes(model_dir: Path) -> int:
+    """Bytes of every tensor of a checkpoint (its safetensors files without their headers)."""
+    return sum(t.numel() * t.element_size() for t in read_checkpoint(model_dir).values())
+
+
+@pytest.mark.parametrize("pattern, values", [(SAMOYEDS, None), (TWO_FOUR, None), (SAMOYEDS, "fp8")])
+def test_the_free_space_estimate_is_what_convert_writes(tiny_models, tmp_path, pattern, values):
+    """The estimate the free-space check uses is the bytes convert then writes, for the sparse checkpoint and the
+    dense export alike."""
+    from samoyeds_vllm.format import FP8
+
+    values = FP8 if values else None
+    in_dir = tiny_models["qwen3_moe"]
+    config, arch, reader, fp8_reader = convert_module._check_input(in_dir)
+    sparse, dense = convert_module._output_bytes(
+        reader, fp8_reader, arch.expert_weight_re, pattern, values, convert_module.dtype_of(config), True
+    )
+    convert(in_dir, tmp_path / "out", pattern, values=values, export_dense=tmp_path / "dense", progress=False)
+    assert sparse == tensor_bytes(tmp_path / "out")
+    assert dense == tensor_bytes(tmp_path / "dense")
+
+
+def test_fp8_block_input_estimate_counts_its_fp8_layers_as_stored(tmp_path):
+    from samoyeds_vllm.format import FP8
+    from samoyeds_vllm.tools.model_maker import make_model
+
+    block = make_model("qwen3_moe", "tiny", tmp_path / "block", fp8_block=True, dtype="bfloat16")
+    config, arch, reader, fp8_reader = convert_module._check_input(block)
+    for keep in (True, False):
+        sparse, _ = convert_module._output_bytes(
+            reader, fp8_reader, arch.expert_weight_re, SAMOYEDS, FP8, torch.bfloat16, keep
+        )
+        out = tmp_path / f"out-{keep}"
+        convert(block, out, SAMOYEDS, values=FP8, dequantize_other_layers=not keep, progress=False)
+        assert sparse == tensor_bytes(out)
+
+
+def test_too_little_free_space_is_refused_before_writing(tiny_models, tmp_path, monkeypatch):
+    from samoyeds_vllm.tools import checkpoint_io
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(
+        checkpoint_io.shutil,
+        "disk_usage",
+        lambda path: real(path)._replace(free=100 * 1024),  # 100 KiB free
+    )
+    expect_refusal(tiny_models["qwen3_moe"], tmp_path / "out", SamoyedsError, r"the output needs about .* GiB free")

@@ -16,7 +16,6 @@ from samoyeds_vllm.tools.memory import (
     GIB,
     GPU_BYTES,
     _fp8_bytes,
-    _packed_bytes,
     kv_bytes_per_token,
     plan,
     weight_bytes,
@@ -44,7 +43,7 @@ def test_packed_bytes_are_those_compress_writes(pattern, fp8):
     if fp8:
         packed = quantize(packed, pattern)
     written = sum(t.nbytes for t in packed if t is not None)
-    assert _packed_bytes(96, 256, pattern, fp8) == written
+    assert pattern.packed_bytes((96, 256), 1 if fp8 else 2, scaled=fp8) == written
 
 
 def test_fp8_block_bytes_are_those_quantize_blocks_writes():

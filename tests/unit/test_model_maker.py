@@ -571,3 +571,28 @@ def test_layers_keeps_the_first_layers_of_a_real_shape(tmp_path):
     )
     with pytest.raises(SamoyedsError, match="--layers must be between 1 and"):
         make_model("qwen3_moe", "qwen3-30b-a3b", tmp_path / "n", config_only=True, layers=0)
+
+
+@pytest.mark.parametrize("fp8_block", [False, True])
+def test_weights_bytes_is_what_make_model_writes(tmp_path, fp8_block):
+    from samoyeds_vllm.tools.model_maker import weights_bytes
+
+    out = make_model("qwen3_moe", "tiny", tmp_path / "m", fp8_block=fp8_block, dtype="bfloat16")
+    config = json.loads((out / "config.json").read_text())
+    written = sum(t.numel() * t.element_size() for t in read_checkpoint(out).values())
+    assert weights_bytes(config) == written
+
+
+def test_a_model_larger_than_the_free_space_is_refused(tmp_path, monkeypatch):
+    """Mixtral-8x7B with random weights is ~87 GiB: refused before anything is written where it does not fit."""
+    import shutil
+
+    from samoyeds_vllm.tools import checkpoint_io
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(checkpoint_io.shutil, "disk_usage", lambda path: real(path)._replace(free=2**30))
+    with pytest.raises(
+        SamoyedsError, match=r"mixtral-8x7b with random weights needs about 8\d\.\d GiB in .*1\.0 GiB free"
+    ):
+        make_model("mixtral", "mixtral-8x7b", tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
