@@ -5,6 +5,7 @@ it imports nothing of theirs.
 """
 
 from .checkpoint import (
+    EXPERT_COUNT_KEYS,
     FORMAT_VERSION,
     FORMAT_VERSIONS,
     QUANT_METHOD,
@@ -33,6 +34,7 @@ from .pattern import DEFAULT_SEGMENT, PATTERNS, SEGMENTS, SUPPORTED_DTYPES, Patt
 
 __all__ = [
     "DEFAULT_SEGMENT",
+    "EXPERT_COUNT_KEYS",
     "FORMAT_VERSION",
     "FORMAT_VERSIONS",
     "FP8",

@@ -32,7 +32,7 @@ from vllm.model_executor.layers.quantization.fp8 import Fp8Config
 from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
 
 from ..errors import CheckpointError
-from ..format import QUANT_METHOD, SUFFIXES, Pattern, parse_quantization_config
+from ..format import EXPERT_COUNT_KEYS, QUANT_METHOD, SUFFIXES, Pattern, parse_quantization_config
 from ..format.fp8_blocks import SCALE_SUFFIX, block_size
 from .moe_method import SamoyedsMoEMethod
 
@@ -156,7 +156,10 @@ class SamoyedsConfig(QuantizationConfig):
     def maybe_update_config(self, model_name: str, hf_config=None, revision: str | None = None) -> None:
         """vLLM hands over the model here. Its loader skips, without a word, checkpoint tensors that no parameter
         takes (an expert beyond config.json's count, a dense weight in a packed checkpoint): note what each
-        experts layer's tensors are, so that the method refuses such a checkpoint when it creates the layer."""
+        experts layer's tensors are, so that the method refuses such a checkpoint when it creates the layer. A model
+        without routed experts is refused: nothing of it would become sparse, and it would serve dense unnoticed."""
+        if hf_config is not None:
+            _check_has_experts(hf_config)
         self.checkpoint_experts = checkpoint_experts(Path(model_name), self.expert_suffixes)
 
     @property
@@ -190,6 +193,16 @@ class SamoyedsConfig(QuantizationConfig):
         if isinstance(layer, LinearBase):
             return UnquantizedLinearMethod()
         return None
+
+
+def _check_has_experts(hf_config) -> None:
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    if not any(getattr(text, key, None) for key in EXPERT_COUNT_KEYS):
+        raise ValueError(
+            f"model_type {getattr(hf_config, 'model_type', None)!r} has no routed experts (its config sets none of "
+            f"{', '.join(EXPERT_COUNT_KEYS)}): --quantization samoyeds makes the experts of MoE models sparse and "
+            "nothing else; serve this model without it"
+        )
 
 
 def _check_checkpoint_experts(layer: RoutedExperts, found: CheckpointExperts | None, suffixes: set[str]) -> None:

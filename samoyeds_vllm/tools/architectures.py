@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..errors import CheckpointError
+from ..format import EXPERT_COUNT_KEYS
 
 #: Roles of the three expert projections, named as vLLM names its fused-MoE shards.
 GATE, UP, DOWN = "w1", "w3", "w2"
@@ -163,7 +164,7 @@ def text_config(hf_config: dict) -> dict:
 def moe_shape(hf_config: dict) -> MoEShape:
     """MoEShape of a config.json dict (the families name these fields differently)."""
     c = text_config(hf_config)
-    experts = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
+    experts = next((c[k] for k in EXPERT_COUNT_KEYS if c.get(k)), None)
     inter = c.get("moe_intermediate_size") or c.get("intermediate_size")
     if not experts or not inter or "num_experts_per_tok" not in c:
         raise CheckpointError(f"config of model_type {c.get('model_type')!r} describes no routed experts")

@@ -54,6 +54,18 @@ def test_config_from_checkpoint_and_defaults():
     assert default.get_name() == "samoyeds" and torch.float32 in default.get_supported_act_dtypes()
 
 
+def test_a_model_without_routed_experts_is_refused(tiny_models):
+    """vLLM hands the model's config over before building it: one without routed experts (a dense Llama) would
+    serve dense under --quantization samoyeds without a word, so it is refused; every supported family passes,
+    multimodal Llama-4 through its text config."""
+    from transformers import AutoConfig, LlamaConfig
+
+    with pytest.raises(ValueError, match=r"model_type 'llama' has no routed experts .*serve this model without it"):
+        SamoyedsConfig().maybe_update_config("llama", hf_config=LlamaConfig())
+    for model_dir in tiny_models.values():  # raises nothing
+        SamoyedsConfig().maybe_update_config(str(model_dir), hf_config=AutoConfig.from_pretrained(model_dir))
+
+
 #: An FP8 block-quantized checkpoint's quantization_config (Qwen3-*-FP8).
 FP8_BLOCKS = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
