@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -40,7 +41,11 @@ _FILE_MODE = _default_file_mode()
 def read_config(model_dir: Path) -> dict:
     """config.json of a model directory, with errors that say what is wrong."""
     if not model_dir.exists():
-        raise CheckpointError(f"{model_dir}: no such directory")
+        hint = ""
+        if re.fullmatch(r"[\w.-]+/[\w.-]+", str(model_dir)) and not str(model_dir).startswith("."):
+            # what vLLM would download: these tools read local checkpoints only
+            hint = f" (a Hugging Face model? download it first: hf download {model_dir} --local-dir DIR)"
+        raise CheckpointError(f"{model_dir}: no such directory{hint}")
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
     path = model_dir / "config.json"

@@ -154,8 +154,11 @@ def expect_refusal(in_dir: Path, out_dir: Path, error: type, words: str, **kwarg
     assert leftovers(out_dir.parent) == []
 
 
-def test_missing_and_unreadable_input(tmp_path):
-    expect_refusal(tmp_path / "nope", tmp_path / "out", CheckpointError, "no such directory")
+def test_missing_and_unreadable_input(tmp_path, monkeypatch):
+    expect_refusal(tmp_path / "nope", tmp_path / "out", CheckpointError, "no such directory$")
+    monkeypatch.chdir(tmp_path)  # a hub name, which vLLM would download, is pointed at the download
+    hint = r"Qwen/Qwen3-30B-A3B: no such directory \(a Hugging Face model\? download it first: hf download Qwen/"
+    expect_refusal(Path("Qwen/Qwen3-30B-A3B"), tmp_path / "out", CheckpointError, hint)
     (tmp_path / "file").write_text("x")
     expect_refusal(tmp_path / "file", tmp_path / "out", CheckpointError, "not a directory")
     (tmp_path / "empty").mkdir()
