@@ -37,10 +37,10 @@ from .pattern import Pattern
 QUANT_METHOD = "samoyeds"
 FORMAT_VERSION = 3  # the newest this package reads and writes
 FORMAT_VERSIONS = (1, 2, 3)
-#: Checkpoint suffixes replacing `weight` for each packed tensor (fields of packing.PackedWeight).
 #: Where a Hugging Face config counts a MoE model's routed experts: Mixtral and Llama-4; Qwen-MoE and OLMoE;
 #: DeepSeek, Kimi-K2 and GLM-4.5. A config with none of them has no experts to make sparse.
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+#: Checkpoint suffixes replacing `weight` for each packed tensor (fields of packing.PackedWeight).
 SUFFIXES = {"values": "weight_packed", "meta": "weight_meta", "rowsel": "weight_rowsel", "scale": "weight_scale"}
 #: Value types a checkpoint may name (`values`), and the one scale layout (`scale`): one fp32 per output row.
 VALUE_TYPES = {"float8_e4m3fn": torch.float8_e4m3fn}

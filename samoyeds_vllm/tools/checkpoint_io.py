@@ -115,6 +115,11 @@ class CheckpointReader:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._handles[self._file_of[name]].get_slice(name).get_shape())
 
+    def itemsize(self, name: str) -> int:
+        """Bytes of one stored value of `name`, from its header (safetensors' dtype names: BF16, F8_E4M3, ...)."""
+        dtype = self._handles[self._file_of[name]].get_slice(name).get_dtype()
+        return 1 if dtype == "BOOL" else int(re.search(r"\d+", dtype)[0]) // 8
+
     def get(self, name: str) -> torch.Tensor:
         try:
             return self._handles[self._file_of[name]].get_tensor(name)
@@ -183,19 +188,26 @@ def check_output_dir(out_dir: Path, force: bool, what: str = "output directory")
             )
 
 
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
 def check_free_space(needs: dict[Path, int], what: str) -> None:
-    """Refuse writes of about `needs[target]` bytes into each target's file system (targets on one file system added)
-    when it has less free: said now, not as a raw OSError after minutes of work."""
-    by_device: dict[int, tuple[Path, int]] = {}
+    """Refuse writes of about `needs[target]` bytes beside each target (where staged_dirs writes; targets on one
+    file system added) when its file system has less free: said now, not as a raw OSError after minutes of work.
+    Partial outputs of killed runs count as free: staged_dirs removes them before it writes."""
+    by_device: dict[int, tuple[Path, int, int]] = {}
     for target, size in needs.items():
-        place = Path(os.path.abspath(target))
+        target = Path(os.path.abspath(target))
+        place = target.parent
         while not place.exists():
             place = place.parent
+        stale = sum(_tree_bytes(p) for pattern in _STALE for p in place.glob(pattern.format(name=target.name)))
         device = place.stat().st_dev
-        first, total = by_device.get(device, (place, 0))
-        by_device[device] = (first, total + size)
-    for place, size in by_device.values():
-        free = shutil.disk_usage(place).free
+        first, total, freed = by_device.get(device, (place, 0, 0))
+        by_device[device] = (first, total + size, freed + stale)
+    for place, size, stale in by_device.values():
+        free = shutil.disk_usage(place).free + stale
         if size > free:
             raise SamoyedsError(
                 f"{what} needs about {size / 2**30:.1f} GiB in {place}, which has {free / 2**30:.1f} GiB free; "
@@ -231,12 +243,16 @@ def _output_lock(target: Path) -> Iterator[None]:
         os.close(fd)
 
 
+#: What runs that were killed leave beside a target: its partial output, and a previous output it was replacing.
+_STALE = (".{name}.partial-*", ".{name}.replaced-*")
+
+
 def _remove_stale_partials(target: Path) -> None:
     """Partial outputs of earlier runs that were killed: no live run owns them while we hold the lock."""
-    for stale in target.parent.glob(f".{target.name}.partial-*"):
+    for stale in target.parent.glob(_STALE[0].format(name=target.name)):
         shutil.rmtree(stale, ignore_errors=True)
         print(f"removed {stale}, left by an earlier run that did not finish", file=sys.stderr)
-    for stale in target.parent.glob(f".{target.name}.replaced-*"):
+    for stale in target.parent.glob(_STALE[1].format(name=target.name)):
         shutil.rmtree(stale, ignore_errors=True)
 
 

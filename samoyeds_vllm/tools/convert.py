@@ -197,19 +197,19 @@ def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader | P
 
 
 def _output_bytes(
-    reader, fp8_reader: Fp8BlockReader | None, expert_re, pattern: Pattern, values, dtype: torch.dtype, keep_fp8: bool
+    reader, fp8_reader: Fp8BlockReader | None, expert_re, pattern: Pattern, values, keep_fp8: bool
 ) -> tuple[int, int]:
-    """About what the sparse checkpoint and a dense export of the pruned weights take on disk: packed experts, the
-    other tensors as they are written (an FP8 input's FP8 layers as stored, with `keep_fp8`)."""
-    size = dtype.itemsize
+    """What the sparse checkpoint and a dense export of the pruned weights take on disk: packed experts, the other
+    tensors as they are written (each in the dtype it is read in; an FP8 input's FP8 layers as stored, with
+    `keep_fp8`)."""
     sparse = dense = 0
     for name in reader.names():
-        shape = reader.shape(name)
+        shape, size = reader.shape(name), reader.itemsize(name)
         dense += size * math.prod(shape)
         if expert_re.match(name):
             sparse += pattern.packed_bytes(shape, 1 if values is not None else size, scaled=values is not None)
         elif fp8_reader is not None and keep_fp8:
-            sparse += fp8_reader.stored_bytes(name, size)
+            sparse += fp8_reader.stored_bytes(name)
         else:
             sparse += size * math.prod(shape)
     return sparse, dense
@@ -261,7 +261,7 @@ def convert(
     for name in experts:  # every shape error now, not halfway through
         pattern.check_shape(reader.shape(name), name)
     sparse_bytes, dense_bytes = _output_bytes(
-        reader, fp8_reader, expert_re, pattern, values, dtype_of(config), not dequantize_other_layers
+        reader, fp8_reader, expert_re, pattern, values, not dequantize_other_layers
     )
     needs = {out_dir: sparse_bytes} | ({Path(export_dense): dense_bytes} if export_dense else {})
     check_free_space(needs, "the output")

@@ -72,12 +72,18 @@ class Fp8BlockReader:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.reader.shape(name)
 
-    def stored_bytes(self, name: str, dtype_bytes: int) -> int:
-        """Bytes of `name` as the checkpoint stores it: an FP8 weight and its fp32 scale_inv, else `dtype_bytes` a
-        value."""
-        if name + SCALE_SUFFIX not in self._present:
-            return dtype_bytes * math.prod(self.shape(name))
-        return math.prod(self.shape(name)) + 4 * math.prod(self.shape(name + SCALE_SUFFIX))
+    def itemsize(self, name: str) -> int:
+        """Bytes of one value of `name` as `get` gives it (FP8 weights dequantized to the model's dtype)."""
+        return self.dtype.itemsize if self._quantized(name) else self.reader.itemsize(name)
+
+    def stored_bytes(self, name: str) -> int:
+        """Bytes of `name` as the checkpoint stores it: an FP8 weight with its scale_inv, any other tensor alone."""
+        scale = name + SCALE_SUFFIX
+        extra = self.reader.itemsize(scale) * math.prod(self.shape(scale)) if self._quantized(name) else 0
+        return self.reader.itemsize(name) * math.prod(self.shape(name)) + extra
+
+    def _quantized(self, name: str) -> bool:
+        return name + SCALE_SUFFIX in self._present and self.reader.itemsize(name) == 1
 
     def stored(self, name: str) -> dict[str, torch.Tensor]:
         """A tensor as the checkpoint stores it: an FP8 weight with its scale_inv, any other tensor alone."""

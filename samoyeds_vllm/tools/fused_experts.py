@@ -58,6 +58,9 @@ class PerExpertReader:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._shapes[name] if name in self._shapes else self.reader.shape(name)
 
+    def itemsize(self, name: str) -> int:
+        return self.reader.itemsize(self.fused_of.get(name, name))
+
     def get(self, name: str) -> torch.Tensor:
         fused = self.fused_of.get(name)
         if fused is None:

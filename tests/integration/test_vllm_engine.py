@@ -257,6 +257,23 @@ def test_tensor_parallel_shards_give_the_same_tokens(converted, qwen3_eager_toke
     assert tokens == qwen3_eager_tokens
 
 
+def test_a_model_without_routed_experts_is_refused(tiny_models, tmp_path):
+    """--quantization samoyeds on a dense Llama would make nothing sparse: vLLM's start stops with the reason."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2
+    )
+    model = tmp_path / "llama"
+    LlamaForCausalLM(config).save_pretrained(model)
+    for tokenizer_file in tiny_models["qwen3_moe"].glob("tokenizer*"):
+        shutil.copy(tokenizer_file, model)
+    _, log = run_engine(model, "--quantization", "samoyeds", expect_ok=False)
+    assert "model_type 'llama' has no routed experts" in log
+
+
 def test_tensor_parallel_size_that_cuts_segments_is_refused(tmp_path):
     from samoyeds_vllm.tools.model_maker import make_model
 

@@ -499,18 +499,30 @@ def tensor_bytes(model_dir: Path) -> int:
     return sum(t.numel() * t.element_size() for t in read_checkpoint(model_dir).values())
 
 
+def estimate(in_dir: Path, pattern: Pattern, values, keep_fp8: bool = True) -> tuple[int, int]:
+    config, arch, reader, fp8_reader = convert_module._check_input(in_dir)
+    return convert_module._output_bytes(reader, fp8_reader, arch.expert_weight_re, pattern, values, keep_fp8)
+
+
+def bf16_experts(tensors, config):
+    """Experts stored in bfloat16 beside float32 tensors, under a config that says float32."""
+    for name in [n for n in tensors if ".experts." in n]:
+        tensors[name] = tensors[name].to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "llama4_text", "bf16-experts"])
 @pytest.mark.parametrize("pattern, values", [(SAMOYEDS, None), (TWO_FOUR, None), (SAMOYEDS, "fp8")])
-def test_the_free_space_estimate_is_what_convert_writes(tiny_models, tmp_path, pattern, values):
+def test_the_free_space_estimate_is_what_convert_writes(tiny_models, tmp_path, arch, pattern, values):
     """The estimate the free-space check uses is the bytes convert then writes, for the sparse checkpoint and the
-    dense export alike."""
+    dense export alike: with fused experts (Llama-4), and with tensors stored in another dtype than config.json's."""
     from samoyeds_vllm.format import FP8
 
     values = FP8 if values else None
-    in_dir = tiny_models["qwen3_moe"]
-    config, arch, reader, fp8_reader = convert_module._check_input(in_dir)
-    sparse, dense = convert_module._output_bytes(
-        reader, fp8_reader, arch.expert_weight_re, pattern, values, convert_module.dtype_of(config), True
-    )
+    if arch == "bf16-experts":
+        in_dir = rewrite_checkpoint(tiny_models["qwen3_moe"], tmp_path / "in", bf16_experts)
+    else:
+        in_dir = tiny_models[arch]
+    sparse, dense = estimate(in_dir, pattern, values)
     convert(in_dir, tmp_path / "out", pattern, values=values, export_dense=tmp_path / "dense", progress=False)
     assert sparse == tensor_bytes(tmp_path / "out")
     assert dense == tensor_bytes(tmp_path / "dense")
@@ -521,23 +533,24 @@ def test_fp8_block_input_estimate_counts_its_fp8_layers_as_stored(tmp_path):
     from samoyeds_vllm.tools.model_maker import make_model
 
     block = make_model("qwen3_moe", "tiny", tmp_path / "block", fp8_block=True, dtype="bfloat16")
-    config, arch, reader, fp8_reader = convert_module._check_input(block)
     for keep in (True, False):
-        sparse, _ = convert_module._output_bytes(
-            reader, fp8_reader, arch.expert_weight_re, SAMOYEDS, FP8, torch.bfloat16, keep
-        )
         out = tmp_path / f"out-{keep}"
         convert(block, out, SAMOYEDS, values=FP8, dequantize_other_layers=not keep, progress=False)
-        assert sparse == tensor_bytes(out)
+        assert estimate(block, SAMOYEDS, FP8, keep)[0] == tensor_bytes(out)
 
 
 def test_too_little_free_space_is_refused_before_writing(tiny_models, tmp_path, monkeypatch):
+    """Refused where the output does not fit; the partial output a killed run left beside it counts as free, since
+    the run removes it before writing."""
     from samoyeds_vllm.tools import checkpoint_io
 
+    in_dir = tiny_models["qwen3_moe"]
+    needed = estimate(in_dir, SAMOYEDS, None)[0]
     real = shutil.disk_usage
-    monkeypatch.setattr(
-        checkpoint_io.shutil,
-        "disk_usage",
-        lambda path: real(path)._replace(free=100 * 1024),  # 100 KiB free
-    )
-    expect_refusal(tiny_models["qwen3_moe"], tmp_path / "out", SamoyedsError, r"the output needs about .* GiB free")
+    monkeypatch.setattr(checkpoint_io.shutil, "disk_usage", lambda path: real(path)._replace(free=needed // 2))
+    expect_refusal(in_dir, tmp_path / "out", SamoyedsError, r"the output needs about .* GiB free")
+    stale = tmp_path / ".out.partial-abc123"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(bytes(needed))
+    convert(in_dir, tmp_path / "out", SAMOYEDS, progress=False)
+    assert not stale.exists()
