@@ -30,6 +30,7 @@ def _make_model(args: argparse.Namespace) -> None:
         sparse_values=_values(args.values),
         fp8_block=args.fp8_block,
     )
+    print(f"wrote {args.out}")
 
 
 def _values(name: str | None):
@@ -119,7 +120,8 @@ def _recover(args: argparse.Namespace) -> None:
     )
     log = recover(Path(args.dense), Path(args.sparse), Path(args.out), settings, force=args.force)
     last = log["eval"][-1]["perplexity"] if log["eval"] else None
-    print(f"wrote {args.out} after {settings.steps} steps" + (f"; validation perplexity {last:.3f}" if last else ""))
+    steps = f"{settings.steps} step{'s' if settings.steps != 1 else ''}"
+    print(f"wrote {args.out} after {steps}" + (f"; validation perplexity {last:.3f}" if last else ""))
 
 
 def _token_counts(values: list[str]) -> list[int]:
@@ -207,8 +209,8 @@ def _bench_e2e(args: argparse.Namespace) -> None:
         if not torch.cuda.is_available():
             fp8 = [v for v in variants if VARIANTS[v].model.needs_cuda]
             raise SamoyedsError(
-                f"{', '.join(fp8)} run vLLM's FP8 block-quantized layers, which need an NVIDIA GPU (vLLM's CPU "
-                "backend has no kernel for them); without one, run "
+                f"{', '.join(fp8)} {'runs' if len(fp8) == 1 else 'run'} vLLM's FP8 block-quantized layers, which "
+                "need an NVIDIA GPU (vLLM's CPU backend has no kernel for them); without one, pass --variants "
                 + ",".join(v for v in VARIANTS if not VARIANTS[v].model.needs_cuda)
             )
     if args.dense_tp < 1:
@@ -400,10 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sparse", help="the packed sparse checkpoint (the student)")
     p.add_argument("out", help="where to write the recovered packed checkpoint")
     p.add_argument("--data", required=True, help="training text: a file, a directory, or a Hugging Face dataset")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--batch", type=int, default=8, help="sequences per step (per GPU)")
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence (default 512)")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step, per GPU (default 8)")
+    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW (default 1e-4)")
     p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature T")
     p.add_argument("--ce-weight", type=float, default=0.0, help="weight of the next-token loss beside the KL")
     p.add_argument("--train-non-experts", action="store_true", help="also train attention, norms and routers")
@@ -420,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
         "fit", help="weights and KV-cache room per GPU of a model in each form (dense, FP8, sparse), from its config"
     )
     p.add_argument("model", help="a model directory (its config.json) or a preset of configs/models")
-    p.add_argument("--gpu", default="h100", help="h100 (80 GB), h200 (141 GB) or the GPU's memory in GiB")
+    p.add_argument("--gpu", default="h100", help="h100 (80 GB, the default), h200 (141 GB) or the GPU's memory in GiB")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="as vLLM's (default 0.9)")
     p.add_argument(

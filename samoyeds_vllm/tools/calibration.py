@@ -390,7 +390,10 @@ class Calibration:
                 f"{model_dir}: calibration needs the model's tokenizer, which does not load ({e})"
             ) from None
         docs = load_documents(self.data, split=self.split, text_field=self.text_field)
-        windows = calibration_windows(tokenizer, docs, self.samples, self.seq_len, self.seed)
+        try:
+            windows = calibration_windows(tokenizer, docs, self.samples, self.seq_len, self.seed)
+        except DataError as e:
+            raise DataError(f"{e} (--calib-samples, --calib-seq-len)") from None
         vocab = int(hf_config.get("vocab_size") or 0)
         largest = max(max(w) for w in windows)
         if vocab and largest >= vocab:

@@ -115,6 +115,9 @@ class ConversionReport:
     seconds: float = 0.0
     peak_host_bytes: int = 0
     peak_gpu_bytes: int = 0
+    #: a recovered model's quantization_config["recovery"]: its masks came from recovery["from"], and the errors
+    #: here are against the recovered weights (which already satisfy the pattern)
+    recovery: dict | None = None
 
     @property
     def fallback_experts(self) -> dict[str, int]:
@@ -128,7 +131,8 @@ class ConversionReport:
     def to_json(self) -> dict:
         out = {
             "pattern": self.pattern.to_config(),
-            "method": self.method,
+            "method": self.recovery["from"] if self.recovery else self.method,
+            **({"recovery": self.recovery} if self.recovery else {}),
             "values": str(self.values).removeprefix("torch.") if self.values else None,
             "expert_weight_bytes": {"dense": self.dense_bytes, "sparse": self.sparse_bytes},
             "layers": {str(i): s.to_json() for i, s in sorted(self.layers.items())},
@@ -277,7 +281,7 @@ def convert(
         )
 
     start = time.perf_counter()
-    report = ConversionReport(pattern, method, values, calibration if windows else None)
+    report = ConversionReport(pattern, method, values, calibration if windows else None, recovery=recovery)
     with staged_dirs(*outputs, replace=force) as staged:
         writers = [ShardedWriter(d, max_shard_bytes) for d in staged]
         if export_dense and isinstance(reader, PerExpertReader):  # the dense export keeps the hub's fused layout

@@ -26,12 +26,16 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..errors import SamoyedsError
 from .architectures import text_config
 from .checkpoint_io import read_config
 from .text_data import load_documents, separator_id, tokenize_documents
 
 DEFAULT_WINDOW = 1024
+#: The share of the node's RAM a CPU engine takes when --engine-args does not say (examples/ use the same).
+CPU_MEMORY_UTILIZATION = 0.3
 
 
 @dataclass(frozen=True)
@@ -95,13 +99,23 @@ class EvalResult:
         )
 
 
+def engine_command(model: str, max_model_len: int, engine_flags: list[str]) -> list[str]:
+    """The engine's flags: the model and its window, then the user's (the last of a repeated flag wins). On CPU,
+    vLLM takes --gpu-memory-utilization of the node's RAM (0.92 by default) for its KV cache and refuses to start
+    when less is free; a window of text needs little."""
+    command = ["--model", model, "--max-model-len", str(max_model_len)]
+    if not torch.cuda.is_available():
+        command += ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
+    return [*command, *engine_flags]
+
+
 def _engine(model: str, max_model_len: int, engine_flags: list[str]):
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-    args = parser.parse_args(["--model", model, "--max-model-len", str(max_model_len), *engine_flags])
+    args = parser.parse_args(engine_command(model, max_model_len, engine_flags))
     engine_args = EngineArgs.from_cli_args(args)
     return LLM(**{f.name: getattr(engine_args, f.name) for f in dataclasses.fields(engine_args)})
 

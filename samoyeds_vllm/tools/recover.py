@@ -169,6 +169,9 @@ def recover(dense_dir: Path, sparse_dir: Path, out_dir: Path, settings: RecoverS
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dense_dir, sparse_dir, out_dir = Path(dense_dir), Path(sparse_dir), Path(out_dir)
+    for flag, value in (("--steps", settings.steps), ("--batch", settings.batch), ("--seq-len", settings.seq_len)):
+        if value < 1:
+            raise SamoyedsError(f"{flag} must be at least 1, not {value}")
     _, sparse_config = check_pair(dense_dir, sparse_dir)
     check_output_dir(out_dir, force)
     quant = sparse_config["quantization_config"]
@@ -309,7 +312,10 @@ def recover(dense_dir: Path, sparse_dir: Path, out_dir: Path, settings: RecoverS
             "train_non_experts": settings.train_non_experts,
             "seconds": round(log["seconds"], 1),
         }
-        convert(trained_dir, out_dir, pattern, "magnitude", force=force, recovery=recovery, progress=False)
+        values = parse_quantization_config(quant).values  # FP8 values stay FP8, quantized from the trained weights
+        convert(
+            trained_dir, out_dir, pattern, "magnitude", force=force, recovery=recovery, values=values, progress=False
+        )
         (out_dir / "recover_log.json").write_text(json.dumps(log, indent=2) + "\n")
         plot_log(log, out_dir)
         shutil.rmtree(work, ignore_errors=True)

@@ -13,6 +13,7 @@ concatenation, documents joined by the tokenizer's end-of-text token).
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +79,8 @@ def load_documents(source: str | Path, *, split: str = "test", text_field: str =
         docs = [d for f in files for d in _file_documents(f, text_field)]
     elif path.is_file():
         docs = _file_documents(path, text_field)
-    elif str(source).startswith((".", "/", "~")) or path.suffix in RECORD_SUFFIXES or path.suffix == ".txt":
+    elif str(source).startswith((".", "/", "~")) or re.fullmatch(r"\.[A-Za-z]\w{0,5}", path.suffix):
+        # a file name (a letter-led extension: a hub dataset's name may end in a version such as "-1.0")
         raise DataError(f"{source}: no such file or directory")
     else:
         docs = _hub_documents(str(source), split, text_field)

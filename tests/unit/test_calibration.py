@@ -66,6 +66,20 @@ def test_bad_data_sources(tmp_path, monkeypatch):
         load_documents("no-such-org/no-such-dataset-samoyeds")
 
 
+def test_a_missing_file_is_not_looked_up_on_the_hub(monkeypatch):
+    """A mistyped file name fails at once; a name that may be a hub dataset (a version suffix included) is looked up."""
+    from samoyeds_vllm.tools import text_data
+
+    looked_up = []
+    monkeypatch.setattr(text_data, "_hub_documents", lambda name, split, field: looked_up.append(name) or ["text"])
+    for name in ("calib.tx", "data/calib.jsonl", "notes.md", "./calib", "/tmp/no-such-calib"):
+        with pytest.raises(DataError, match="no such file or directory"):
+            load_documents(name)
+    for name in ("wikitext", "mlfoundations/dclm-baseline-1.0", "Salesforce/wikitext:wikitext-2-raw-v1"):
+        assert load_documents(name) == ["text"]
+    assert looked_up == ["wikitext", "mlfoundations/dclm-baseline-1.0", "Salesforce/wikitext:wikitext-2-raw-v1"]
+
+
 def test_calibration_windows_are_seeded_and_distinct(tiny_models, calib_dir):
     from transformers import AutoTokenizer
 
@@ -172,7 +186,10 @@ def test_bad_calibration_input_writes_nothing(tiny_models, calib_dir, tmp_path):
         "no data": (None, "needs calibration data"),
         "missing": (Calibration(str(tmp_path / "missing.txt")), "no such file"),
         "empty": (Calibration(str(tmp_path / "empty.txt")), "no text in it"),
-        "short": (Calibration(str(tmp_path / "short.txt"), samples=4, seq_len=64), "need 256"),
+        "short": (
+            Calibration(str(tmp_path / "short.txt"), samples=4, seq_len=64),
+            r"need 256; .* \(--calib-samples, --calib-seq-len\)",
+        ),
         "too long": (Calibration(str(calib_dir), samples=1, seq_len=10**6), "longer than the model's context"),
     }
     for label, (calibration, message) in cases.items():

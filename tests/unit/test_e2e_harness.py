@@ -71,8 +71,8 @@ def test_fp8_dense_variants_are_refused_without_a_gpu(tmp_path, monkeypatch, cap
     args = ["bench", "e2e", "--out", str(tmp_path), "--variants", "samoyeds,dense-fp8-deepgemm"]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "dense-fp8-deepgemm run vLLM's FP8 block-quantized layers, which need an NVIDIA GPU" in err
-    assert "without one, run dense,samoyeds,samoyeds-fp8,2of4,2of4-fp8" in err
+    assert "dense-fp8-deepgemm runs vLLM's FP8 block-quantized layers, which need an NVIDIA GPU" in err
+    assert "without one, pass --variants dense,samoyeds,samoyeds-fp8,2of4,2of4-fp8" in err
     assert not list(tmp_path.iterdir())
 
 

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from samoyeds_vllm.errors import SamoyedsError
-from samoyeds_vllm.tools.evaluate import windows
+from samoyeds_vllm.tools.evaluate import CPU_MEMORY_UTILIZATION, engine_command, windows
 
 
 @settings(max_examples=200, deadline=None)
@@ -32,3 +32,19 @@ def test_bad_window_or_stride():
     for window, stride in [(1, 1), (8, 0), (8, 9)]:
         with pytest.raises(SamoyedsError, match="window"):
             windows([1, 2, 3], 0, window, stride)
+
+
+def test_a_cpu_engine_takes_a_share_of_ram_that_the_user_can_override(monkeypatch):
+    """vLLM's CPU default (0.92 of the node's RAM) refuses to start on a busy machine; eval asks for less, and an
+    --engine-args flag still wins (vLLM's parser keeps a repeated flag's last value)."""
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert parser.parse_args(engine_command("m", 1025, [])).gpu_memory_utilization == CPU_MEMORY_UTILIZATION
+    flags = ["--gpu-memory-utilization", "0.5"]
+    assert parser.parse_args(engine_command("m", 1025, flags)).gpu_memory_utilization == 0.5
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "--gpu-memory-utilization" not in engine_command("m", 1025, [])

@@ -64,6 +64,8 @@ def test_recover_moves_the_student_towards_the_teacher_and_keeps_the_masks(pair,
     assert all(torch.equal(before[n], after[n]) for n in others)  # the rest stays frozen by default
     quant = json.loads((out / "config.json").read_text())["quantization_config"]
     assert quant["recovery"]["steps"] == 6 and quant["pruning_method"] == "magnitude"
+    report = json.loads((out / "samoyeds_report.json").read_text())
+    assert report["method"] == "magnitude" and report["recovery"] == quant["recovery"]
     assert [s["step"] for s in log["steps"]] == [1, 2, 3, 4, 5, 6] and len(log["eval"]) == 3
     assert (out / "recover_loss.png").stat().st_size and (out / "recover_perplexity.png").stat().st_size
     assert not list(tmp_path.glob(".out.partial-*")) and not (tmp_path / ".out.recover-state").exists()
@@ -109,6 +111,8 @@ def test_interrupted_recovery_resumes_to_the_same_result(pair, tmp_path, monkeyp
 
 def test_mismatched_pairs_are_refused(pair, tiny_models, tmp_path):
     dense, sparse, text = pair
+    with pytest.raises(SamoyedsError, match="--steps must be at least 1, not 0"):
+        recover(dense, sparse, tmp_path / "o", _settings(text, steps=0))
     with pytest.raises(CheckpointError, match="not a packed samoyeds checkpoint"):
         recover(dense, dense, tmp_path / "o", _settings(text))
     with pytest.raises(CheckpointError, match="configs differ"):
@@ -128,3 +132,18 @@ def test_mismatched_pairs_are_refused(pair, tiny_models, tmp_path):
     with pytest.raises(CheckpointError, match="keeps the FP8 layers of the checkpoint it was converted from"):
         recover(dense, from_fp8, tmp_path / "o", _settings(text))
     assert not (tmp_path / "o").exists()
+
+
+def test_fp8_values_stay_fp8(pair, tmp_path):
+    """A student with FP8 values is written back with FP8 values, quantized from its trained weights."""
+    from samoyeds_vllm.format import FP8
+
+    dense, _, text = pair
+    sparse = tmp_path / "sparse-fp8"
+    convert(dense, sparse, PATTERN, values=FP8, progress=False)
+    recover(dense, sparse, tmp_path / "out", _settings(text, steps=2))
+    quant = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert quant["values"] == "float8_e4m3fn"
+    stored = read_checkpoint(tmp_path / "out")
+    packed = [t for name, t in stored.items() if name.endswith(".weight_packed")]
+    assert packed and all(t.dtype == FP8 for t in packed)
