@@ -43,7 +43,7 @@ def test_bench_e2e_on_tiny_models(tmp_path, monkeypatch, capsys):
     out = ["--out", str(tmp_path), "--engine-args", ENGINE]
     if not torch.cuda.is_available():
         assert main([*RUN, *out, "--variants", "dense,dense-fp8"]) == 2
-        assert "dense-fp8 run vLLM's FP8 block-quantized layers, which need an NVIDIA GPU" in capsys.readouterr().err
+        assert "dense-fp8 runs vLLM's FP8 block-quantized layers, which need an NVIDIA GPU" in capsys.readouterr().err
         assert not (tmp_path / "variant-dense.json").exists()  # refused before anything ran
     # A few variants per call (as on a time-limited GPU machine); the comparison covers what OUT holds.
     assert main([*RUN, *out, "--variants", "dense,samoyeds"]) == 0
