@@ -9,6 +9,8 @@ stores each quantized weight `X.weight` [m, k] as float8_e4m3fn next to `X.weigh
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..errors import CheckpointError
@@ -31,6 +33,11 @@ def scale_shape(shape: tuple[int, ...], block: tuple[int, int] = BLOCK) -> tuple
     """The scale_inv shape of a [..., M, K] weight: one per block, partial blocks at the edges included."""
     *lead, m, k = shape
     return (*lead, -(-m // block[0]), -(-k // block[1]))
+
+
+def quantized_bytes(shape: tuple[int, ...], block: tuple[int, int] = BLOCK) -> int:
+    """Bytes of a block-quantized weight of `shape`: one e4m3 byte a value and one fp32 scale a block."""
+    return math.prod(shape) + 4 * math.prod(scale_shape(shape, block))
 
 
 def dequantize_blocks(

@@ -244,15 +244,16 @@ def _output_lock(target: Path) -> Iterator[None]:
 
 
 #: What runs that were killed leave beside a target: its partial output, and a previous output it was replacing.
-_STALE = (".{name}.partial-*", ".{name}.replaced-*")
+_PARTIAL, _REPLACED = ".{name}.partial-*", ".{name}.replaced-*"
+_STALE = (_PARTIAL, _REPLACED)
 
 
 def _remove_stale_partials(target: Path) -> None:
     """Partial outputs of earlier runs that were killed: no live run owns them while we hold the lock."""
-    for stale in target.parent.glob(_STALE[0].format(name=target.name)):
+    for stale in target.parent.glob(_PARTIAL.format(name=target.name)):
         shutil.rmtree(stale, ignore_errors=True)
         print(f"removed {stale}, left by an earlier run that did not finish", file=sys.stderr)
-    for stale in target.parent.glob(_STALE[1].format(name=target.name)):
+    for stale in target.parent.glob(_REPLACED.format(name=target.name)):
         shutil.rmtree(stale, ignore_errors=True)
 
 

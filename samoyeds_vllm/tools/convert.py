@@ -209,13 +209,14 @@ def _output_bytes(
     sparse = dense = 0
     for name in reader.names():
         shape, size = reader.shape(name), reader.itemsize(name)
-        dense += size * math.prod(shape)
+        as_read = size * math.prod(shape)
+        dense += as_read
         if expert_re.match(name):
             sparse += pattern.packed_bytes(shape, 1 if values is not None else size, scaled=values is not None)
         elif fp8_reader is not None and keep_fp8:
             sparse += fp8_reader.stored_bytes(name)
         else:
-            sparse += size * math.prod(shape)
+            sparse += as_read
     return sparse, dense
 
 

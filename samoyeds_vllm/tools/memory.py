@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..errors import PatternError, SamoyedsError
 from ..format import Pattern
-from ..format.fp8_blocks import BLOCK, scale_shape
+from ..format.fp8_blocks import BLOCK, quantized_bytes
 from .architectures import ALIASES, ARCHITECTURES, moe_shape, text_config
 from .model_maker import FORMS, FP8_WEIGHT, ModelForm, weight_specs
 
@@ -52,11 +52,6 @@ def _expert_matrices(arch, name: str, shape: tuple[int, ...]) -> list[tuple[int,
         roles = len(arch.fused_roles(m["fused"]))
         return [(outputs // roles, inputs)] * (experts * roles)
     return None
-
-
-def _fp8_bytes(m: int, k: int) -> int:
-    """An FP8 [m, k] projection with one fp32 scale per 128 x 128 block."""
-    return m * k + math.prod(scale_shape((m, k))) * 4
 
 
 def tensor_parallel_refusal(
@@ -97,11 +92,11 @@ def weight_bytes(
     for name, shape in weight_specs(hf_config):
         if (experts := _expert_matrices(arch, name, shape)) is not None:
             if pattern is None:
-                size = sum(_fp8_bytes(m, k) if form.fp8 else 2 * m * k for m, k in experts)
+                size = sum(quantized_bytes((m, k)) if form.fp8 else 2 * m * k for m, k in experts)
             else:
                 size = sum(pattern.packed_bytes((m, k), 1 if form.fp8 else 2, scaled=form.fp8) for m, k in experts)
         elif other_fp8 and len(shape) == 2 and FP8_WEIGHT.match(name):
-            size = _fp8_bytes(*shape)
+            size = quantized_bytes(shape)
         else:
             size = 2 * math.prod(shape)
         if len(shape) == 1 or _REPLICATED.match(name):

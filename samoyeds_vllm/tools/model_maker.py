@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from ..errors import SamoyedsError
 from ..format import Pattern, quantization_config
-from ..format.fp8_blocks import SCALE_SUFFIX, block_size, scale_shape
+from ..format.fp8_blocks import SCALE_SUFFIX, block_size, quantized_bytes
 from .architectures import ALIASES, ARCHITECTURES, DOWN, Architecture, architecture_of, text_config
 from .checkpoint_io import (
     DEFAULT_MAX_SHARD_BYTES,
@@ -319,7 +319,7 @@ def weights_bytes(hf_config: dict) -> int:
     total = 0
     for name, shape in weight_specs(hf_config):
         if block and FP8_WEIGHT.match(name):
-            total += math.prod(shape) + 4 * math.prod(scale_shape(shape, block))
+            total += quantized_bytes(shape, block)
         else:
             total += size * math.prod(shape)
     return total

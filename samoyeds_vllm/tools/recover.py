@@ -175,7 +175,8 @@ def recover(dense_dir: Path, sparse_dir: Path, out_dir: Path, settings: RecoverS
     _, sparse_config = check_pair(dense_dir, sparse_dir)
     check_output_dir(out_dir, force)
     quant = sparse_config["quantization_config"]
-    pattern = parse_quantization_config(quant).pattern
+    parsed = parse_quantization_config(quant)
+    pattern = parsed.pattern
     tokenizer = AutoTokenizer.from_pretrained(dense_dir)
     windows = TrainingWindows(
         tokenizer, load_documents(settings.data, split=settings.split, text_field=settings.text_field), settings
@@ -312,7 +313,7 @@ def recover(dense_dir: Path, sparse_dir: Path, out_dir: Path, settings: RecoverS
             "train_non_experts": settings.train_non_experts,
             "seconds": round(log["seconds"], 1),
         }
-        values = parse_quantization_config(quant).values  # FP8 values stay FP8, quantized from the trained weights
+        values = parsed.values  # FP8 values stay FP8, quantized from the trained weights
         convert(
             trained_dir, out_dir, pattern, "magnitude", force=force, recovery=recovery, values=values, progress=False
         )

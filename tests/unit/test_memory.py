@@ -10,12 +10,12 @@ import torch
 
 from samoyeds_vllm.cli import main
 from samoyeds_vllm.format import Pattern, compress, prune, quantize
+from samoyeds_vllm.format.fp8_blocks import quantized_bytes
 from samoyeds_vllm.tools.fp8_blocks import quantize_blocks
 from samoyeds_vllm.tools.memory import (
     FORMS,
     GIB,
     GPU_BYTES,
-    _fp8_bytes,
     kv_bytes_per_token,
     plan,
     weight_bytes,
@@ -47,8 +47,9 @@ def test_packed_bytes_are_those_compress_writes(pattern, fp8):
 
 
 def test_fp8_block_bytes_are_those_quantize_blocks_writes():
-    q, scale_inv = quantize_blocks(torch.randn(200, 300))
-    assert _fp8_bytes(200, 300) == q.nbytes + scale_inv.nbytes
+    for block in [(128, 128), (64, 32)]:
+        q, scale_inv = quantize_blocks(torch.randn(200, 300), block)
+        assert quantized_bytes((200, 300), block) == q.nbytes + scale_inv.nbytes
 
 
 @pytest.mark.parametrize("form", MEASURED)
