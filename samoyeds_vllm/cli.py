@@ -276,14 +276,16 @@ def _fit(args: argparse.Namespace) -> None:
         + "; sparsifying on load first holds the dense experts, so the dense form must fit too."
     )
     header = f"{'form':<14} {'stored as':<28} {'weights GiB':>12} {'KV GiB':>8} {'KV tokens':>11}"
-    print(f"{header} {args.seq_len}-token seqs")
+    print(f"{header} concurrency at {args.seq_len} tokens")
     for fit in fits:
         if fit.weights_gib is None:
             print(f"{fit.name:<14} {fit.form.describe(args.segment):<28} refused: {fit.reason}")
             continue
-        room = f"{fit.sequences:.1f}" if fit.fits else "does not fit"
+        room = f"{fit.sequences:.1f}x" if fit.fits else "does not fit"  # vLLM's "Maximum concurrency"
         print(f"{fit.name:<14} {fit.form.describe(args.segment):<28} {fit.weights_gib:>12.2f} {fit.kv_gib:>8.2f} "
               f"{fit.kv_tokens:>11,} {room}")  # fmt: skip
+    if all(fit.weights_gib is None for fit in fits):
+        raise SamoyedsError(f"no form of {args.model} runs on {args.tensor_parallel_size} GPUs (the reasons above)")
 
 
 def _model_config(model: str) -> tuple[dict, bool]:

@@ -125,6 +125,7 @@ def test_fit_prints_each_form_and_refuses_bad_input(tmp_path, capsys):
     rows = {line.split()[0]: line for line in out.splitlines()[3:]}
     assert list(rows) == list(FORMS)
     assert "does not fit" in rows["dense-fp8"] and "does not fit" not in rows["samoyeds-fp8"]
+    assert rows["samoyeds-fp8"].endswith("x")  # a concurrency, as vLLM's "Maximum concurrency" says it
     model = make_model("qwen3_moe", "tiny", tmp_path / "fp8", config_only=True, fp8_block=True)
     assert main(["fit", str(model), "--forms", "samoyeds-fp8"]) == 0
     assert "from this FP8 one (its other projections stay FP8)" in capsys.readouterr().out
@@ -139,6 +140,7 @@ def test_fit_prints_each_form_and_refuses_bad_input(tmp_path, capsys):
         (["fit", "qwen3-30b-a3b", "--seq-len", "0"], "sequence length"),
         (["fit", "qwen3-30b-a3b", "--overhead-gib", "-1"], "overhead"),
         (["fit", "qwen3-30b-a3b", "--segment", "100"], "segment"),
+        (["fit", "qwen3-30b-a3b", "-tp", "3"], "no form of qwen3-30b-a3b runs on 3 GPUs"),
     ]:
         assert main(bad) == 2
         assert words in capsys.readouterr().err
