@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -80,6 +81,8 @@ def _convert(args: argparse.Namespace) -> None:
 def _eval(args: argparse.Namespace) -> None:
     import shlex
 
+    # the engine's logs (this process and its engine core's) on stderr: stdout holds the result alone
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     from .tools.evaluate import evaluate, write_result
 
     result = evaluate(

@@ -61,6 +61,7 @@ def run_eval(model, data, out, *flags) -> dict:
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "perplexity" in run.stdout
+    assert "INFO" not in run.stdout and "WARNING" not in run.stdout, "vLLM's logs belong on stderr"
     return json.loads(out.read_text())
 
 
