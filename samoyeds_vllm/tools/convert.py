@@ -162,6 +162,12 @@ class ConversionReport:
                 e = s.calibration.output_error
                 line += f"  {e['w13']:>14.4f} / {e['w2']:.4f}"
             lines.append(line)
+        nominal = 1.0 - self.pattern.density
+        if any(s.sparsity > nominal + 0.005 for s in self.layers.values()):
+            lines.append(
+                f"sparsity above the pattern's {nominal:.0%}: kept weights that are zero (calibrated methods zero the "
+                "weights of inputs the calibration text never reached)"
+            )
         if fallback := self.fallback_experts:
             lines.append(
                 "experts with too few calibration tokens, pruned by "

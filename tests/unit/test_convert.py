@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from samoyeds_vllm.errors import CheckpointError, PatternError, SamoyedsError
-from samoyeds_vllm.format import PackedWeight, Pattern, decompress, satisfies
+from samoyeds_vllm.format import PackedWeight, Pattern, decompress, prune, satisfies
 from samoyeds_vllm.tools import convert as convert_module
 from samoyeds_vllm.tools.architectures import ARCHITECTURES
 from samoyeds_vllm.tools.convert import REPORT_NAME, convert
@@ -554,3 +554,20 @@ def test_too_little_free_space_is_refused_before_writing(tiny_models, tmp_path, 
     (stale / "model.safetensors").write_bytes(bytes(needed))
     convert(in_dir, tmp_path / "out", SAMOYEDS, progress=False)
     assert not stale.exists()
+
+
+def test_report_explains_sparsity_above_the_pattern():
+    """A kept weight can be zero (calibrated methods zero the weights of inputs the text never reached): the table
+    says so where a layer's sparsity passes the pattern's."""
+    pattern = Pattern.parse("samoyeds")
+    w = prune(torch.randn(64, 256), pattern)
+    report = convert_module.ConversionReport(pattern, "sparsegpt")
+    report.layers[0] = convert_module.LayerStats()
+    report.layers[0].add(w, w)
+    assert "above the pattern" not in report.table()
+    dead = w.clone()
+    dead[:, :128] = 0.0  # the first segment's inputs dead: half of the kept weights zero
+    report.layers[1] = convert_module.LayerStats()
+    report.layers[1].add(w, dead)
+    assert report.layers[1].sparsity == pytest.approx(0.875)
+    assert "sparsity above the pattern's 75%: kept weights that are zero" in report.table()
