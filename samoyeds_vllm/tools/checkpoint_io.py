@@ -29,13 +29,15 @@ SINGLE_NAME = "model.safetensors"
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 
 
-def _default_file_mode() -> int:
+def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return umask
 
 
-_FILE_MODE = _default_file_mode()
+# what open() and mkdir() would give: tempfile's private 0600 files and 0700 directories would keep the model from
+# other users, or from a server running under another uid
+_FILE_MODE, _DIR_MODE = 0o666 & ~_umask(), 0o777 & ~_umask()
 
 
 def read_config(model_dir: Path) -> dict:
@@ -173,9 +175,22 @@ class ShardedWriter:
         (self.out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
 
 
-def check_output_dir(out_dir: Path, force: bool, what: str = "output directory") -> None:
+def check_output_dir(out_dir: Path, force: bool, what: str = "output directory", inputs: tuple[Path, ...] = ()) -> None:
     """Refuse to replace an existing directory unless forced, and even then anything but a model directory
-    (or an empty one), so a mistyped path loses nothing."""
+    (or an empty one), so a mistyped path loses nothing; and refuse an output that is one of `inputs`, lies inside
+    one or holds one (replacing it would delete the input)."""
+    out = Path(out_dir).resolve()
+    for source in inputs:
+        source = Path(source).resolve()
+        if out == source:
+            raise SamoyedsError(f"{what} {out_dir} is the input directory {source}; write the output elsewhere")
+        if out.is_relative_to(source):
+            raise SamoyedsError(f"{what} {out_dir} is inside the input directory {source}; write the output elsewhere")
+        if source.is_relative_to(out):
+            raise SamoyedsError(f"{what} {out_dir} holds the input directory {source}; write the output elsewhere")
+    if out.parent.is_dir() and any(out.parent.glob(_REPLACED.format(name=out.name))):
+        with _output_lock(out):  # a previous output a stopped run had moved aside: back first, then judged as one
+            _remove_stale_partials(out)
     if out_dir.exists():
         if not force:
             raise SamoyedsError(f"{what} {out_dir} already exists; choose another path or pass --force to replace it")
@@ -249,12 +264,18 @@ _STALE = (_PARTIAL, _REPLACED)
 
 
 def _remove_stale_partials(target: Path) -> None:
-    """Partial outputs of earlier runs that were killed: no live run owns them while we hold the lock."""
+    """Partial outputs of earlier runs that were killed: no live run owns them while we hold the lock. A run killed
+    between moving the previous output aside and its own into place left the target missing: the previous output
+    goes back."""
     for stale in target.parent.glob(_PARTIAL.format(name=target.name)):
         shutil.rmtree(stale, ignore_errors=True)
         print(f"removed {stale}, left by an earlier run that did not finish", file=sys.stderr)
     for stale in target.parent.glob(_REPLACED.format(name=target.name)):
-        shutil.rmtree(stale, ignore_errors=True)
+        if target.exists():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            os.replace(stale, target)
+            print(f"restored {target}, which an earlier run was replacing when it was stopped", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -273,6 +294,7 @@ def staged_dirs(*targets: Path, replace: bool = False) -> Iterator[list[Path]]:
         try:
             for target in targets:
                 staged.append(Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent)))
+                staged[-1].chmod(_DIR_MODE)
             yield staged
             for target in targets:
                 if target.exists() and not replace:

@@ -25,7 +25,16 @@ import torch
 from tqdm import tqdm
 
 from ..errors import CheckpointError, SamoyedsError
-from ..format import QUANT_METHOD, Pattern, compress, decompress, prune, quantization_config, quantize
+from ..format import (
+    EXPERT_COUNT_KEYS,
+    QUANT_METHOD,
+    Pattern,
+    compress,
+    decompress,
+    prune,
+    quantization_config,
+    quantize,
+)
 from ..format.fp8_blocks import block_size
 from .architectures import Architecture, architecture_of
 from .calibration import Calibration, LayerResult, prune_layers
@@ -42,6 +51,7 @@ from .checkpoint_io import (
 )
 from .fp8_blocks import Fp8BlockReader
 from .fused_experts import FusingWriter, PerExpertReader, per_expert
+from .model_maker import weight_specs
 from .pruning import CALIBRATED, METHODS
 
 REPORT_NAME = "samoyeds_report.json"
@@ -200,10 +210,36 @@ def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader | P
         )
     arch = architecture_of(config)
     reader, fp8_reader = CheckpointReader(in_dir), None
+    _check_against_config(in_dir, config, arch, reader)
     if block is not None:
         config = {k: v for k, v in config.items() if k != "quantization_config"}
         reader = fp8_reader = Fp8BlockReader(reader, quant, dtype_of(config))
     return config, arch, per_expert(reader, arch), fp8_reader
+
+
+def _check_against_config(in_dir: Path, config: dict, arch: Architecture, reader: CheckpointReader) -> None:
+    """Every text-model tensor config.json implies is in the checkpoint, in its shape. A checkpoint that lacks one
+    (a deleted tensor, a config of more layers or experts than the weights) would convert and then be served as
+    noise: vLLM checks for weights it did not load only without a quantization method."""
+    # transformers writes the expert count under another key than the hub's config of some families
+    count = next((config[key] for key in EXPERT_COUNT_KEYS if key in config), None)
+    try:
+        specs = weight_specs({key: count for key in EXPERT_COUNT_KEYS} | config if count else config)
+    except (SamoyedsError, KeyError):
+        return  # a family, or a config, without a known tensor list: vLLM checks the shapes it loads
+    stored = set(reader.names())
+    specs = [(name, shape) for name, shape in specs if name.startswith(arch.text_prefix)]
+    if missing := [name for name, _ in specs if name not in stored]:
+        raise CheckpointError(
+            f"{in_dir}: config.json implies {len(missing)} tensor(s) the checkpoint lacks ({', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''}); the checkpoint is incomplete or config.json is not its own"
+        )
+    for name, shape in specs:
+        if tuple(reader.shape(name)) != tuple(shape):
+            raise CheckpointError(
+                f"{in_dir}: {name} is {list(reader.shape(name))} in the checkpoint but config.json implies "
+                f"{list(shape)}; the checkpoint is damaged or config.json is not its own"
+            )
 
 
 def _output_bytes(
@@ -258,11 +294,7 @@ def convert(
     kept_fp8 = False  # an FP8 input's other layers hold FP8 weights (else they are all in the model's dtype)
     outputs = [out_dir] + ([Path(export_dense)] if export_dense else [])
     for path in outputs:
-        if path.resolve() == in_dir.resolve():
-            raise SamoyedsError(f"{path} is the input directory; write the output elsewhere")
-        if path.resolve().is_relative_to(in_dir.resolve()):
-            raise SamoyedsError(f"{path} is inside the input directory {in_dir}; write the output elsewhere")
-        check_output_dir(path, force)
+        check_output_dir(path, force, inputs=(in_dir,))
     if len({p.resolve() for p in outputs}) != len(outputs):
         raise SamoyedsError("--export-dense must differ from the output directory")
     expert_re = arch.expert_weight_re

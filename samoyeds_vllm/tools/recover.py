@@ -173,7 +173,7 @@ def recover(dense_dir: Path, sparse_dir: Path, out_dir: Path, settings: RecoverS
         if value < 1:
             raise SamoyedsError(f"{flag} must be at least 1, not {value}")
     _, sparse_config = check_pair(dense_dir, sparse_dir)
-    check_output_dir(out_dir, force)
+    check_output_dir(out_dir, force, inputs=(dense_dir, sparse_dir))
     quant = sparse_config["quantization_config"]
     parsed = parse_quantization_config(quant)
     pattern = parsed.pattern

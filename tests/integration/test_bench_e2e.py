@@ -59,7 +59,8 @@ def test_bench_e2e_on_tiny_models(tmp_path, monkeypatch, capsys):
             assert t["cached_prompt_tokens"] == 0  # the untimed run's prompts were other ones
             assert t["timed_runs"] >= 1 and t["jit_free"] is True  # no Triton on CPU: nothing compiled late
         assert r["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1" and "VLLM_USE_DEEP_GEMM" not in r["env"]
-        assert r["engine_args"] == ["--load-format", "dummy", "--jit-monitor-verbose", *ENGINE.split()]
+        cpu = ["--gpu-memory-utilization", "0.3"]  # on a CPU unless the engine args say otherwise (they do here)
+        assert r["engine_args"] == ["--load-format", "dummy", "--jit-monitor-verbose", *cpu, *ENGINE.split()]
         engine = r["offline_engines"]["32x8"]
         assert engine["max_model_len"] == 128 and engine["num_gpu_blocks"] == 32 and engine["kv_cache_tokens"] == 4096
         assert r["settings"]["device"].startswith("CPU") and r["settings"]["vllm"].startswith("0.26.0")

@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 from helpers import leftovers, read_checkpoint, write_calibration_text
+from safetensors.torch import load_file, save_file
 
 from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.format import Pattern, satisfies
@@ -197,10 +198,13 @@ def test_bad_calibration_input_writes_nothing(tiny_models, calib_dir, tmp_path):
             convert(model, tmp_path / "out", pattern, "sparsegpt", calibration=calibration, progress=False)
         assert not (tmp_path / "out").exists() and leftovers(tmp_path) == [], label
 
-    # A tokenizer that does not belong to the model: ids beyond its vocabulary.
+    # A tokenizer that does not belong to the model: ids beyond its vocabulary of 300 (embeddings cut to match).
     other = shutil.copytree(model, tmp_path / "other")
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps(config | {"vocab_size": 300}))
+    weights = load_file(other / "model.safetensors")
+    cut = {n: t[:300].contiguous() for n, t in weights.items() if n in ("model.embed_tokens.weight", "lm_head.weight")}
+    save_file(weights | cut, other / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(SamoyedsError, match="does not belong to this model"):
         convert(other, tmp_path / "out", pattern, "wanda", calibration=Calibration(str(calib_dir), 4, 64))
     with pytest.raises(SamoyedsError, match="uses no calibration data"):

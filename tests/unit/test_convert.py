@@ -1,7 +1,9 @@
 """The converter on tiny models of every supported architecture, and every bad input it must refuse cleanly."""
 
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -319,17 +321,38 @@ def test_index_naming_a_missing_shard(tiny_models, tmp_path):
 
 
 def test_expert_shape_that_does_not_fit(tiny_models, tmp_path):
+    """Experts of 96 intermediate rows, as config.json says: the down projection's 96 inputs are no whole segments."""
     model = copy_model(tiny_models["qwen3_moe"], tmp_path / "m")
     tensors = load_file(model / "model.safetensors")
-    name = "model.layers.1.mlp.experts.2.down_proj.weight"
-    tensors[name] = tensors[name][:, :96].contiguous()
+    for name in [n for n in tensors if ".experts." in n]:
+        tensors[name] = (tensors[name][:, :96] if "down_proj" in name else tensors[name][:96]).contiguous()
     save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"moe_intermediate_size": 96}))
     expect_refusal(
         model,
         tmp_path / "out",
         PatternError,
-        f"{name}: shape .* in_features 96 is not a multiple of the segment size 128",
+        r"model.layers.0.mlp.experts.0.down_proj.weight: shape .* in_features 96 is not a multiple of the segment size",
     )
+
+
+def test_checkpoint_that_disagrees_with_its_config_is_refused(tiny_models, tmp_path):
+    """A tensor missing, one of another shape, or a config of more layers than the weights: vLLM would serve such a
+    converted checkpoint as noise (it checks for weights it did not load only without a quantization method)."""
+    model = copy_model(tiny_models["qwen3_moe"], tmp_path / "m")
+    tensors = load_file(model / "model.safetensors")
+    name = "model.layers.1.mlp.experts.2.down_proj.weight"
+    save_file(tensors | {name: tensors[name][:, :96].contiguous()}, model / "model.safetensors")
+    expect_refusal(model, tmp_path / "out", CheckpointError, rf"{name} is \[128, 96\] in the checkpoint but config")
+    for missing in ["model.layers.0.mlp.gate.weight", "model.embed_tokens.weight"]:
+        save_file({k: v for k, v in tensors.items() if k != missing}, model / "model.safetensors")
+        lacks = rf"implies 1 tensor\(s\) the checkpoint lacks \({missing}\)"
+        expect_refusal(model, tmp_path / "out", CheckpointError, lacks)
+    save_file(tensors, model / "model.safetensors")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"num_hidden_layers": config["num_hidden_layers"] + 1}))
+    expect_refusal(model, tmp_path / "out", CheckpointError, "checkpoint is incomplete or config.json is not its own")
 
 
 def test_fused_experts_of_a_wrong_shape_are_refused(tiny_models, tmp_path):
@@ -339,7 +362,7 @@ def test_fused_experts_of_a_wrong_shape_are_refused(tiny_models, tmp_path):
     name = "model.layers.1.feed_forward.experts.gate_up_proj"
     tensors[name] = tensors[name][0]
     save_file(tensors, model / "model.safetensors")
-    expect_refusal(model, tmp_path / "out", CheckpointError, rf"fused expert tensor {name} has shape \(128, 256\)")
+    expect_refusal(model, tmp_path / "out", CheckpointError, rf"{name} is \[128, 256\] in the checkpoint but config")
 
 
 def test_existing_output_needs_force(tiny_models, tmp_path):
@@ -402,6 +425,9 @@ def test_cli_reports_errors_without_traceback(tiny_models, tmp_path):
     olmoe = [str(tiny_models["olmoe"]), str(tmp_path / "out"), "--pattern", "samoyeds", "--segment", "64"]
     bad = subprocess.run(cli + olmoe + ["--dequantize-other-layers"], capture_output=True, text=True)
     assert bad.returncode == 2 and "no FP8 layers to dequantize" in bad.stderr and "Traceback" not in bad.stderr
+    for device, words in [("banana", "not a device; give cpu, cuda or cuda:N"), ("cuda:7", "CUDA GPU")]:
+        bad = subprocess.run(cli + olmoe + ["--device", device], capture_output=True, text=True)
+        assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     ok = subprocess.run(cli + olmoe, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "sparsity" in ok.stdout and "75.00%" in ok.stdout
@@ -445,6 +471,22 @@ def test_stale_partial_outputs_are_removed(tiny_models, tmp_path, capsys):
     convert(tiny_models["qwen3_moe"], tmp_path / "out", TWO_FOUR, progress=False)
     assert not stale.exists() and leftovers(tmp_path) == []
     assert "left by an earlier run" in capsys.readouterr().err
+    # the output as open() and mkdir() would make it, not tempfile's private 0700 folder
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o777 & ~umask
+
+
+def test_a_run_stopped_while_replacing_its_output_gives_the_previous_one_back(tiny_models, tmp_path, capsys):
+    """Killed between moving the previous output aside and moving its own into place: the next run puts the
+    previous output back before it starts (and then replaces it only with --force)."""
+    previous = tmp_path / ".out.replaced-abc123"
+    shutil.copytree(tiny_models["qwen3_moe"], previous)
+    (tmp_path / ".out.partial-abc123").mkdir()
+    with pytest.raises(SamoyedsError, match="already exists"):
+        convert(tiny_models["qwen3_moe"], tmp_path / "out", TWO_FOUR, progress=False)
+    assert "restored" in capsys.readouterr().err
+    assert (tmp_path / "out" / "config.json").is_file() and leftovers(tmp_path) == []
 
 
 def test_output_inside_the_input_is_refused(tiny_models, tmp_path):
@@ -452,6 +494,19 @@ def test_output_inside_the_input_is_refused(tiny_models, tmp_path):
     with pytest.raises(SamoyedsError, match="inside the input directory"):
         convert(model, model / "sub", TWO_FOUR, progress=False)
     assert not (model / "sub").exists()
+
+
+def test_output_holding_the_input_is_refused(tiny_models, tmp_path):
+    """--force into a folder above the input would delete the input with the folder."""
+    parent = tmp_path / "parent"
+    model = copy_model(tiny_models["qwen3_moe"], parent / "dense")
+    shutil.copy(model / "config.json", parent / "config.json")  # looks like a model: --force alone would replace it
+    (parent / "notes.txt").write_text("mine")
+    with pytest.raises(SamoyedsError, match="holds the input directory"):
+        convert(model, parent, TWO_FOUR, force=True, progress=False)
+    with pytest.raises(SamoyedsError, match="holds the input directory"):
+        convert(model, tmp_path / "out", TWO_FOUR, export_dense=tmp_path, force=True, progress=False)
+    assert (parent / "notes.txt").read_text() == "mine" and (model / "config.json").is_file()
 
 
 def test_nonfinite_weights_are_refused_unless_allowed(tiny_models, tmp_path):

@@ -132,6 +132,10 @@ def test_mismatched_pairs_are_refused(pair, tiny_models, tmp_path):
     with pytest.raises(CheckpointError, match="keeps the FP8 layers of the checkpoint it was converted from"):
         recover(dense, from_fp8, tmp_path / "o", _settings(text))
     assert not (tmp_path / "o").exists()
+    for out in (dense, sparse, dense.parent):  # --force over the teacher, the student or a folder holding them
+        with pytest.raises(SamoyedsError, match="the input directory"):
+            recover(dense, sparse, out, _settings(text), force=True)
+    assert (dense / "config.json").is_file() and (sparse / "config.json").is_file()
 
 
 def test_fp8_values_stay_fp8(pair, tmp_path):
