@@ -43,6 +43,20 @@ def _values(name: str | None):
     return FP8
 
 
+class _DefaultsHelp(argparse.HelpFormatter):
+    """Every option's help says its default, unless it already does or there is none to say."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if not action.option_strings or "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return action.help
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+def _subcommand(sub, name: str, **kwargs) -> argparse.ArgumentParser:
+    return sub.add_parser(name, formatter_class=_DefaultsHelp, **kwargs)
+
+
 def _check_device(name: str | None) -> None:
     """--device names a device this machine has: said now, not after the other tensors are written."""
     if name is None:
@@ -332,12 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_versions())
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("make-model", help="write a Hugging Face MoE model with random weights and a local tokenizer")
+    p = _subcommand(sub, "make-model", help="write a Hugging Face MoE model with random weights and a local tokenizer")
     p.add_argument("--arch", required=True, help="model family: mixtral, qwen2_moe, qwen3_moe, olmoe, ...")
     p.add_argument("--preset", default="tiny", help="'tiny' (a few MB, for tests) or a real shape from configs/models")
     p.add_argument("--out", required=True, help="output directory (must not exist, unless --force)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the preset's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--layers", type=int, help="keep only the first N decoder layers of the preset")
     p.add_argument(
         "--config-only",
@@ -365,10 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     p.set_defaults(func=_make_model)
 
-    p = sub.add_parser("convert", help="prune and pack a dense MoE checkpoint's experts into a sparse checkpoint")
+    p = _subcommand(sub, "convert", help="prune and pack a dense MoE checkpoint's experts into a sparse checkpoint")
     p.add_argument("in_dir", help="dense Hugging Face model directory (safetensors)")
     p.add_argument("out_dir", help="where to write the sparse checkpoint (must not exist, unless --force)")
-    p.add_argument("--pattern", required=True, choices=["2:4", "samoyeds"])
+    p.add_argument("--pattern", required=True, choices=["2:4", "samoyeds"], help="2:4 (50%% sparse) or samoyeds (75%%)")
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V: 32, 64 or 128 (default 128)")
     p.add_argument(
         "--method",
@@ -405,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace existing output directories")
     p.set_defaults(func=_convert)
 
-    p = sub.add_parser("eval", help="perplexity and bits per byte of a model as vLLM serves it, on text")
+    p = _subcommand(sub, "eval", help="perplexity and bits per byte of a model as vLLM serves it, on text")
     p.add_argument("model", help="model directory (dense or sparse checkpoint)")
     p.add_argument(
         "--data",
@@ -422,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the result here")
     p.set_defaults(func=_eval)
 
-    p = sub.add_parser("recover", help="distil the dense model into a sparse checkpoint's kept weights (masks fixed)")
+    p = _subcommand(sub, "recover", help="distil the dense model into a sparse checkpoint's kept weights (masks fixed)")
     p.add_argument("dense", help="the dense model the sparse one was pruned from (the teacher)")
     p.add_argument("sparse", help="the packed sparse checkpoint (the student)")
     p.add_argument("out", help="where to write the recovered packed checkpoint")
@@ -435,20 +449,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ce-weight", type=float, default=0.0, help="weight of the next-token loss beside the KL")
     p.add_argument("--train-non-experts", action="store_true", help="also train attention, norms and routers")
     p.add_argument("--eval-data", help="validation text: perplexity every --eval-every steps, plotted")
-    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=50, help="steps between validation perplexities")
     p.add_argument("--save-every", type=int, default=50, help="steps between saved states (resume points)")
     p.add_argument("--split", default="train", help="split of a Hugging Face dataset")
-    p.add_argument("--text-field", default="text")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--text-field", default="text", help="the text field of jsonl/parquet records")
+    p.add_argument("--seed", type=int, default=0, help="seed of the training windows' order")
     p.add_argument("--force", action="store_true", help="replace an existing OUT")
     p.set_defaults(func=_recover)
 
-    p = sub.add_parser(
-        "fit", help="weights and KV-cache room per GPU of a model in each form (dense, FP8, sparse), from its config"
+    p = _subcommand(
+        sub,
+        "fit",
+        help="weights and KV-cache room per GPU of a model in each form (dense, FP8, sparse), from its config",
     )
     p.add_argument("model", help="a model directory (its config.json) or a preset of configs/models")
     p.add_argument("--gpu", default="h100", help="h100 (80 GB, the default), h200 (141 GB) or the GPU's memory in GiB")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="GPUs the model is split over")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="as vLLM's (default 0.9)")
     p.add_argument(
         "--overhead-gib",
@@ -461,8 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment V (default 128)")
     p.set_defaults(func=_fit)
 
-    bench = sub.add_parser("bench", help="benchmarks (GPU)").add_subparsers(dest="bench", required=True)
-    p = bench.add_parser("moe", help="our sparse MoE layer vs vLLM's MoE paths, CUDA graphs, same inputs")
+    bench = _subcommand(sub, "bench", help="benchmarks (GPU)").add_subparsers(dest="bench", required=True)
+    p = _subcommand(bench, "moe", help="our sparse MoE layer vs vLLM's MoE paths, CUDA graphs, same inputs")
     _layer_arguments(p, "qwen3-30b-a3b")
     p.add_argument(
         "--values", choices=["bf16", "fp8"], default="bf16", help="fp8: also ours with FP8 values (same kept weights)"
@@ -479,8 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_bench_moe)
 
-    p = bench.add_parser(
-        "routing", help="routing then our experts, DeepSeek-V3's grouped top-k vs softmax top-k, CUDA graphs"
+    p = _subcommand(
+        bench, "routing", help="routing then our experts, DeepSeek-V3's grouped top-k vs softmax top-k, CUDA graphs"
     )
     _layer_arguments(p, "deepseek-v3")
     p.add_argument(
@@ -491,8 +507,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_bench_routing)
 
-    p = bench.add_parser(
-        "e2e", help="dense vLLM (bf16, FP8) vs samoyeds (bf16, FP8) end to end: throughput, serving, memory (GPU)"
+    p = _subcommand(
+        bench,
+        "e2e",
+        help="dense vLLM (bf16, FP8) vs samoyeds (bf16, FP8) end to end: throughput, serving, memory (GPU)",
     )
     p.add_argument("--model", default="qwen3-30b-a3b", help="a real-shape preset of configs/models")
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V of the samoyeds variants")
@@ -546,11 +564,14 @@ def _layer_arguments(p: argparse.ArgumentParser, shape: str) -> None:
     """The layer benchmarks' shape, token counts, pattern, dtype and JSON output."""
     p.add_argument("--shape", default=shape, help="a preset of configs/models")
     p.add_argument(
-        "--tokens", nargs="+", default=["1,16,64,256,1024,4096,16384"], help="token counts (1,16,64 or 1 16 64)"
+        "--tokens",
+        nargs="+",
+        default=["1,16,64,256,1024,4096,16384"],
+        help="token counts (1,16,64 or 1 16 64; default 1,16,64,256,1024,4096,16384)",
     )
-    p.add_argument("--pattern", default="samoyeds", choices=["2:4", "samoyeds"])
-    p.add_argument("--segment", type=int, default=None)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--pattern", default="samoyeds", choices=["2:4", "samoyeds"], help="the experts' pattern")
+    p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V (default 128)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"], help="activations' dtype")
     p.add_argument("--json", help="write the results here")
 
 

@@ -71,3 +71,29 @@ def test_cited_results_folders_exist():
         if not (ROOT / "benchmarks" / "results" / name).exists()
     }
     assert not missing, f"results folders cited but not in benchmarks/results/: {missing}"
+
+
+def test_every_option_says_its_default():
+    """`samoyeds-vllm COMMAND --help` gives each option's default where it has one (a value other than none / off)."""
+    import argparse
+
+    from samoyeds_vllm.cli import build_parser
+
+    def parsers(parser):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield name, sub
+                    yield from ((f"{name} {n}", s) for n, s in parsers(sub))
+
+    silent = []
+    for name, sub in parsers(build_parser()):
+        text = sub.format_help()
+        for action in sub._actions:
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+                if not action.help:
+                    silent.append(f"{name} {action.option_strings[-1]}: no help")
+                elif "default" not in sub._get_formatter()._expand_help(action):
+                    silent.append(f"{name} {action.option_strings[-1]}")
+        assert text
+    assert silent == []
