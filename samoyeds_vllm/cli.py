@@ -57,32 +57,16 @@ def _subcommand(sub, name: str, **kwargs) -> argparse.ArgumentParser:
     return sub.add_parser(name, formatter_class=_DefaultsHelp, **kwargs)
 
 
-def _check_device(name: str | None) -> None:
-    """--device names a device this machine has: said now, not after the other tensors are written."""
-    if name is None:
-        return
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise SamoyedsError(f"--device {name!r}: not a device; give cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count()
-        if (device.index or 0) >= count:
-            gpus = f"{count or 'no'} CUDA GPU{'' if count == 1 else 's'}"
-            raise SamoyedsError(f"--device {name}: this machine has {gpus}")
-    elif device.type != "cpu":
-        raise SamoyedsError(f"--device {name}: calibrated pruning runs on cpu or cuda")
-
-
 def _convert(args: argparse.Namespace) -> None:
     from .format import Pattern
     from .tools.convert import convert
 
     if args.segment is not None and args.pattern != "samoyeds":
         raise SamoyedsError("--segment applies to --pattern samoyeds only")
-    _check_device(args.device)
+    if args.device is not None:  # a device this machine lacks: said now, not after the other tensors are written
+        from .tools.calibration import calibration_device
+
+        calibration_device(args.device)
     calibration = None
     if args.calib_data is not None:
         from .tools.calibration import Calibration

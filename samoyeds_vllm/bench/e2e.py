@@ -59,6 +59,7 @@ from ..tools.vllm_server import (
     JIT_MONITOR_FLAGS,
     VllmServer,
     busiest,
+    cpu_engine_flags,
     deep_gemm_cache,
     gpu_memory_used,
     gpu_processes,
@@ -505,13 +506,7 @@ class Workload:
         """Dummy weights, vLLM's JIT monitor and `engine_args`, and for a dense variant spread over several GPUs
         the tensor parallelism that spreads it."""
         spread = ["--tensor-parallel-size", str(self.dense_tensor_parallel_size)] if self._dense_spread(variant) else []
-        import torch
-
-        from ..tools.evaluate import CPU_MEMORY_UTILIZATION
-
-        # vLLM's CPU build takes 92% of the node's RAM by default and refuses to start when less is free
-        cpu = [] if torch.cuda.is_available() else ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
-        return ["--load-format", "dummy", *JIT_MONITOR_FLAGS, *cpu, *self.engine_args, *spread]
+        return ["--load-format", "dummy", *JIT_MONITOR_FLAGS, *cpu_engine_flags(), *self.engine_args, *spread]
 
     def steps(self) -> int:
         """Progress steps per variant: an offline engine per mix, a serving level per concurrency, the probe."""

@@ -285,7 +285,7 @@ def prune_layers(
     """Prune every MoE layer's experts with `method` on the calibration `windows` (token ids, all of one length),
     layer by layer (module docstring). Yields each layer's result as soon as it is done. "magnitude" runs here too,
     to measure its output error on the same data."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = calibration_device(device)
     dtype_guess = torch.float32 if device.type == "cpu" else torch.bfloat16
     needed, free = peak_bytes(arch, reader, windows, dtype_guess), available_bytes(device)
     if needed > 0.9 * free:
@@ -356,6 +356,25 @@ def prune_layers(
         layer.to("meta")
         bar.update()
     bar.close()
+
+
+def calibration_device(name: str | None) -> torch.device:
+    """Where calibrated pruning runs: `name` (--device), by default cuda if there is a GPU, else cpu; a name that is
+    no device, or one this machine lacks, refused."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SamoyedsError(f"--device {name!r}: not a device; give cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if (device.index or 0) >= count:
+            gpus = f"{count or 'no'} CUDA GPU{'' if count == 1 else 's'}"
+            raise SamoyedsError(f"--device {name}: this machine has {gpus}")
+    elif device.type != "cpu":
+        raise SamoyedsError(f"--device {name}: calibrated pruning runs on cpu or cuda")
+    return device
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ def _umask() -> int:
 
 # what open() and mkdir() would give: tempfile's private 0600 files and 0700 directories would keep the model from
 # other users, or from a server running under another uid
-_FILE_MODE, _DIR_MODE = 0o666 & ~_umask(), 0o777 & ~_umask()
+_UMASK = _umask()
+_FILE_MODE, _DIR_MODE = 0o666 & ~_UMASK, 0o777 & ~_UMASK
 
 
 def read_config(model_dir: Path) -> dict:

@@ -26,16 +26,13 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ..errors import SamoyedsError
 from .architectures import text_config
 from .checkpoint_io import read_config
 from .text_data import load_documents, separator_id, tokenize_documents
+from .vllm_server import cpu_engine_flags
 
 DEFAULT_WINDOW = 1024
-#: The share of the node's RAM a CPU engine takes when --engine-args does not say (examples/ use the same).
-CPU_MEMORY_UTILIZATION = 0.3
 
 
 @dataclass(frozen=True)
@@ -100,13 +97,9 @@ class EvalResult:
 
 
 def engine_command(model: str, max_model_len: int, engine_flags: list[str]) -> list[str]:
-    """The engine's flags: the model and its window, then the user's (the last of a repeated flag wins). On CPU,
-    vLLM takes --gpu-memory-utilization of the node's RAM (0.92 by default) for its KV cache and refuses to start
-    when less is free; a window of text needs little."""
-    command = ["--model", model, "--max-model-len", str(max_model_len)]
-    if not torch.cuda.is_available():
-        command += ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
-    return [*command, *engine_flags]
+    """The engine's flags: the model and its window, this machine's (on CPU a small KV cache: a window of text needs
+    little), then the user's (the last of a repeated flag wins)."""
+    return ["--model", model, "--max-model-len", str(max_model_len), *cpu_engine_flags(), *engine_flags]
 
 
 def _engine(model: str, max_model_len: int, engine_flags: list[str]):

@@ -22,6 +22,18 @@ from pathlib import Path
 
 from ..errors import SamoyedsError
 
+#: --gpu-memory-utilization of engines on a machine without a GPU: vLLM's CPU build takes that share of the node's
+#: RAM for its KV cache (0.92 by default) and refuses to start when less is free
+CPU_MEMORY_UTILIZATION = 0.3
+
+
+def cpu_engine_flags() -> list[str]:
+    """Engine flags for this machine that go before the user's (the last of a repeated flag wins): without a GPU, a
+    KV cache of CPU_MEMORY_UTILIZATION of the RAM."""
+    import torch
+
+    return [] if torch.cuda.is_available() else ["--gpu-memory-utilization", str(CPU_MEMORY_UTILIZATION)]
+
 
 def free_port() -> int:
     with socket.socket() as s:

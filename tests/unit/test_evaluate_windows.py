@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from samoyeds_vllm.errors import SamoyedsError
-from samoyeds_vllm.tools.evaluate import CPU_MEMORY_UTILIZATION, engine_command, windows
+from samoyeds_vllm.tools.evaluate import engine_command, windows
+from samoyeds_vllm.tools.vllm_server import CPU_MEMORY_UTILIZATION
 
 
 @settings(max_examples=200, deadline=None)
