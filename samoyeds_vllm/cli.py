@@ -195,10 +195,14 @@ def _bench_e2e(args: argparse.Namespace) -> None:
     import shlex
 
     from .bench.e2e import PROBE_FACTORS, STAGES, VARIANTS, Workload, bench_e2e, engine_tensor_parallel_size, report
+    from .tools.presets import preset_family
     from .tools.vllm_server import gpu_memory_used
 
     if args.report:
-        report(Path(args.out))
+        if not Path(args.out).is_dir():
+            raise SamoyedsError(f"{args.out} is not a folder: --report reads the variant files a run wrote there")
+        if report(Path(args.out)) is None:
+            raise SamoyedsError(f"{args.out} holds no variant-*.json: nothing to compare")
         return
 
     def pairs(text):
@@ -219,6 +223,7 @@ def _bench_e2e(args: argparse.Namespace) -> None:
         except ValueError:
             raise SamoyedsError(f"{option} wants comma-separated counts, not {text!r}") from None
 
+    preset_family(args.model)  # an unknown name fails here, before OUT is made
     variants = names("--variants", args.variants, VARIANTS)
     stages = names("--stages", args.stages, STAGES)
     mixes, batch_sizes = pairs(args.mixes), counts("--batch-sizes", args.batch_sizes)
@@ -496,7 +501,11 @@ def build_parser() -> argparse.ArgumentParser:
         "e2e",
         help="dense vLLM (bf16, FP8) vs samoyeds (bf16, FP8) end to end: throughput, serving, memory (GPU)",
     )
-    p.add_argument("--model", default="qwen3-30b-a3b", help="a real-shape preset of configs/models")
+    p.add_argument(
+        "--model",
+        default="qwen3-30b-a3b",
+        help="a preset of configs/models, made with dummy weights (the tiny-* ones are for CPU checks of the harness)",
+    )
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V of the samoyeds variants")
     p.add_argument("--out", required=True, help="directory for JSON, markdown, plots and logs")
     p.add_argument(

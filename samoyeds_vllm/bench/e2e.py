@@ -61,6 +61,8 @@ from ..tools.vllm_server import (
     busiest,
     cpu_engine_flags,
     deep_gemm_cache,
+    engine_failure_cause,
+    failure_text,
     gpu_memory_used,
     gpu_processes,
     nvidia_smi,
@@ -240,7 +242,7 @@ def run_offline(
     if code != 0:
         why = f"timed out after {timeout:.0f} s" if code is None else f"exit {code}"
         error = _NotStarted if engine is None else SamoyedsError
-        raise error(f"offline run of {tag} failed ({why}); log {log}:\n{log.read_text(errors='replace')[-3000:]}")
+        raise error(failure_text(f"offline run of {tag} failed ({why})", log))
 
 
 def _random_requests(mix: tuple[int, int], num_prompts: int, seed: int) -> list[str]:
@@ -557,7 +559,7 @@ def run_variant(
             except _NotStarted as e:
                 if throughput:  # it ran before: not a model that does not fit
                     raise SamoyedsError(str(e)) from None
-                result["failed"] = str(e)[-2000:]  # what the engine said before it died
+                result["failed"] = _kept_failure(str(e))  # what the engine said before it died
                 save()
                 raise
         progress.update()
@@ -580,7 +582,7 @@ def run_variant(
         server.__enter__()  # not `with`: a server that does not start is told apart from one that fails later
     except SamoyedsError as e:
         if not throughput and not serving["levels"]:
-            result["failed"] = str(e)[-2000:]
+            result["failed"] = _kept_failure(str(e))
             save()
             raise _NotStarted(str(e)) from None
         raise
@@ -810,12 +812,11 @@ def set_aside(path: Path) -> Path:
 
 
 def report(out: Path) -> dict | None:
-    """results.json, results.md and plots from every variant file in OUT."""
+    """results.json, results.md and plots from every variant file in OUT; None where OUT holds none."""
     out = Path(out)
     paths = {name: out / f"variant-{name}.json" for name in VARIANTS}
     variants = {name: json.loads(p.read_text()) for name, p in paths.items() if p.exists()}
     if not variants:
-        print(f"no variant measured in {out} yet")
         return None
     if missing := [name for name in DEFAULT_VARIANTS if name not in variants]:
         print(f"{', '.join(missing)} not measured in {out}: `bench e2e --variants {','.join(missing)}` adds them")
@@ -835,11 +836,22 @@ def report(out: Path) -> dict | None:
     return results
 
 
+def _kept_failure(text: str, chars: int = 2000) -> str:
+    """What a variant's file keeps of why its engine did not start: the first line (the cause, failure_text) and
+    the log's end."""
+    if len(text) <= chars:
+        return text
+    first = text.split("\n", 1)[0][:500]
+    return f"{first}\n...\n{text[-(chars - len(first)) :]}"
+
+
 def _failure_reason(text: str) -> str:
     """The line of a failed start that says why (an out-of-memory error, typically; or that it timed out)."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if lines and "timed out after" in lines[0]:
         return lines[0][:300]
+    if cause := engine_failure_cause(text):
+        return cause[:300]
     for line in reversed(lines):
         if "memory" in line.lower() or "Error" in line:
             return line[-300:]

@@ -91,14 +91,12 @@ class VllmServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise SamoyedsError(f"vllm serve exited with code {self.process.returncode}:\n{self.log_tail()}")
+                why = f"vllm serve exited with code {self.process.returncode}"
+                raise SamoyedsError(failure_text(why, self.log_path))
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
                     if response.status == 200:
@@ -106,7 +104,9 @@ class VllmServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(2)
-        raise SamoyedsError(f"vllm serve did not become healthy in {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+        raise SamoyedsError(
+            failure_text(f"vllm serve did not become healthy in {self.startup_timeout:.0f} s", self.log_path)
+        )
 
     def stop(self, grace: float = 30.0) -> None:
         """Interrupt the server's process group, wait for it, kill it if it lingers."""
@@ -124,6 +124,34 @@ class VllmServer:
                 pass
         if getattr(self, "_log", None):
             self._log.close()
+
+
+# A log line's prefixes: the process vLLM's multiprocessing names ("(EngineCore pid=12) "), then a logger's
+# "ERROR 12-07 08:36:17 [core.py:1330] " where the exception was logged rather than printed.
+_LOG_PREFIX = re.compile(r"^(\([^)]*pid=\d+\)\s*)?([A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(: .*)?$")
+
+
+def engine_failure_cause(text: str) -> str | None:
+    """The first exception a vLLM log names, prefixes stripped: the root cause of an engine that did not start.
+    The log's end says only "Engine core initialization failed. See root cause above." (the parent process's
+    traceback), and the worker's error is a page above it."""
+    lines = [_LOG_PREFIX.sub("", line.rstrip()) for line in text.splitlines()]
+    for i, line in enumerate(lines):
+        if _EXCEPTION_LINE.match(line):
+            # pydantic's errors (an engine argument vLLM refused) give the reason on the indented line below
+            after = lines[i + 1] if i + 1 < len(lines) else ""
+            if after.startswith("  ") and not after.lstrip().startswith(("File ", "Traceback")):
+                line = f"{line}: {after.strip()}"
+            return line[:500]
+    return None
+
+
+def failure_text(what: str, log: Path, chars: int = 3000) -> str:
+    """`what` failed: the root cause the log names, then the log's tail, and where the whole log is."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    cause = engine_failure_cause(text)
+    return f"{what}{f': {cause}' if cause else ''}\nlog {log}, its end:\n{text[-chars:]}"
 
 
 def parse_engine_log(text: str) -> dict:

@@ -148,5 +148,7 @@ def test_a_dense_model_that_cannot_start_is_reported_with_the_reason(tmp_path, m
     assert results["variants"]["samoyeds"] == done
     assert "max_model_len" in results["variants"]["dense"]["failed"]
     text = (tmp_path / "results.md").read_text()
-    assert "**dense did not run**" in text
+    assert "**dense did not run**: " in text
+    reason = text.split("**dense did not run**: ")[1].splitlines()[0]
+    assert "max_model_len" in reason and "Error" in reason, reason  # the cause, not "See root cause above"
     assert "| 32/8 | 4 | - | 8 | - |" in text and "| 1 | - | 50 | - |" in text

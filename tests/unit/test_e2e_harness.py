@@ -198,6 +198,21 @@ def test_api_servers_must_be_a_number_of_processes(tmp_path, capsys):
     assert not list(tmp_path.iterdir())  # refused before anything ran
 
 
+def test_report_of_an_output_without_results_fails(tmp_path, capsys):
+    """`--report` on a folder no run wrote into (a mistyped OUT) said so and exited 0, as if it had compared."""
+    assert main(["bench", "e2e", "--report", "--out", str(tmp_path / "missing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    assert main(["bench", "e2e", "--report", "--out", str(tmp_path)]) == 2
+    assert "holds no variant-*.json" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_unknown_model_is_refused_before_out_is_made(tmp_path, capsys):
+    assert main(["bench", "e2e", "--model", "qwen3-30b", "--out", str(tmp_path / "out")]) == 2
+    assert "unknown preset 'qwen3-30b'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_dense_tp_must_be_a_number_of_visible_gpus_given_once(tmp_path, capsys, monkeypatch):
     def e2e(*flags):
         return main(["bench", "e2e", "--out", str(tmp_path), "--variants", "samoyeds", *flags])
