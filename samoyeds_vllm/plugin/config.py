@@ -19,6 +19,7 @@ vLLM pickles the config to its engine processes, so the class lives at module le
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,19 +53,39 @@ class CheckpointExperts:
     foreign: str | None = None
 
 
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files vLLM loads from `model_dir`: those its index names where it has one (vLLM skips the
+    others), else every one; none for a model that is not a local directory (a hub name, load_format=dummy)."""
+    if not model_dir.is_dir():
+        return []
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = set(json.loads(index.read_text())["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index}: not a safetensors index ({e}); the checkpoint is damaged") from None
+        return [model_dir / name for name in sorted(names)]
+    return sorted(model_dir.glob("*.safetensors"))
+
+
 def checkpoint_experts(model_dir: Path, suffixes: set[str]) -> dict[str, CheckpointExperts]:
-    """Experts layer name -> CheckpointExperts, from the safetensors headers in `model_dir` (nothing for a model
-    that is not a local directory of safetensors: a hub name, load_format=dummy). Unreadable files are left for
-    vLLM's loader to report."""
+    """Experts layer name -> CheckpointExperts, from the safetensors headers in `model_dir`. A file that cannot
+    be read (truncated by a copy cut short, missing from its index) is refused here, by name: vLLM's loader says
+    "incomplete metadata" and names no file."""
     from safetensors import safe_open
 
     layers: dict[str, CheckpointExperts] = {}
-    for path in sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else ():
+    for path in checkpoint_files(model_dir):
+        if not path.is_file():
+            raise ValueError(f"{path}: named in the checkpoint's index but missing; the checkpoint is incomplete")
         try:
             with safe_open(str(path), framework="pt") as f:
                 names = list(f.keys())
-        except Exception:
-            continue
+        except Exception as e:
+            raise ValueError(
+                f"{path}: unreadable ({e}); the file is damaged or was cut short (a copy or download that did not "
+                "finish): copy or convert it again"
+            ) from None
         for name in names:
             if not (m := _EXPERT_TENSOR.match(name)):
                 continue

@@ -66,6 +66,29 @@ def test_a_model_without_routed_experts_is_refused(tiny_models):
         SamoyedsConfig().maybe_update_config(str(model_dir), hf_config=AutoConfig.from_pretrained(model_dir))
 
 
+def test_a_damaged_checkpoint_file_is_refused_by_name(tiny_models, tmp_path):
+    """A shard cut short (a copy that did not finish) failed in vLLM's loader with safetensors' "incomplete
+    metadata", naming no file; a shard the index names but the folder lacks, likewise later."""
+    import json
+    import shutil
+
+    model = shutil.copytree(tiny_models["qwen3_moe"], tmp_path / "model")
+    (shard,) = model.glob("*.safetensors")
+    SamoyedsConfig().maybe_update_config(str(model))  # whole: raises nothing
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 1000)
+    with pytest.raises(ValueError, match=rf"{shard.name}: unreadable \(.*incomplete metadata.*cut short"):
+        SamoyedsConfig().maybe_update_config(str(model))
+    shard.unlink()
+    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="model-00001-of-00002.safetensors: named in the checkpoint's index but"):
+        SamoyedsConfig().maybe_update_config(str(model))
+    (model / "model.safetensors.index.json").write_text("{")
+    with pytest.raises(ValueError, match="not a safetensors index"):
+        SamoyedsConfig().maybe_update_config(str(model))
+
+
 #: An FP8 block-quantized checkpoint's quantization_config (Qwen3-*-FP8).
 FP8_BLOCKS = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
