@@ -236,6 +236,11 @@ def _check_checkpoint_experts(layer: RoutedExperts, found: CheckpointExperts | N
             f"{found.highest_name}: the checkpoint holds expert {found.highest}, but {layer.layer_name} has "
             f"{experts} experts (config.json); the checkpoint and its config do not belong together"
         )
+    if found.highest < experts - 1:
+        raise ValueError(
+            f"{layer.layer_name} has {experts} experts (config.json), but the checkpoint holds experts 0 to "
+            f"{found.highest} only ({found.highest_name}); the checkpoint and its config do not belong together"
+        )
     if found.foreign is not None:
         raise ValueError(
             f"{found.foreign}: this checkpoint's expert tensors end in {' / '.join(sorted(suffixes))}, so vLLM "

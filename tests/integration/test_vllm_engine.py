@@ -225,6 +225,15 @@ def test_missing_extra_or_nonfinite_expert_tensors_are_refused(converted, tiny_m
         "model.layers.1.mlp.experts has 8 experts (config.json)" in log
     )
 
+    def more_experts_in_config(tensors, config):  # a config.json edited after converting
+        config["num_experts"] = 16
+
+    _, log = run_engine(rewrite_checkpoint(sparse, tmp_path / "config", more_experts_in_config), expect_ok=False)
+    assert (
+        "model.layers.0.mlp.experts has 16 experts (config.json), but the checkpoint holds experts 0 to 7 only "
+        "(model.layers.0.mlp.experts.7." in log
+    )
+
     def add_dense_weight(tensors, config):
         tensors["model.layers.0.mlp.experts.4.gate_proj.weight"] = torch.zeros(256, 128)
 
