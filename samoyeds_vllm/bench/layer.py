@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -92,6 +93,7 @@ def bench_moe(
     from tqdm import tqdm
 
     shape = preset_shape(shape_name)
+    _expandable_segments_for(shape, dtype)
     if with_vllm:
         try:
             import vllm  # noqa: F401
@@ -111,7 +113,9 @@ def bench_moe(
         "rows": [],
     }
     for t in tqdm(tokens, desc=f"bench moe {shape_name} {pattern}"):
-        row = {"tokens": t}
+        _release()
+        # what the previous token counts left on the GPU (workspaces, caches): where a large layer runs out of memory
+        row = {"tokens": t, "gib_in_use_before": round(torch.cuda.memory_allocated() / 2**30, 2)}
         problem = make_problem(shape, pattern, t, dtype, seed=t)
         ours, outputs = [], []
         for n, variant in enumerate(variants):
@@ -155,6 +159,19 @@ def bench_moe(
     if len(variants) > 1 or len(peers) > 1:  # more than ours beside vLLM's bf16 MoE
         print(format_paths_table(result))
     return result["rows"]
+
+
+def _expandable_segments_for(shape, dtype: torch.dtype, share: float = 0.1) -> None:
+    """Lets PyTorch's allocator grow segments in place when one layer's dense weights take more than `share` of the
+    GPU (DeepSeek-V3's 21 GiB on an 80 GB H100): each token count builds and frees problems of tens of GiB, and
+    with fixed segments the freed ones stayed reserved in pieces (28 GiB allocated, 28 GiB reserved unused, the
+    next 28 GiB refused). Only where the user has not set PYTORCH_CUDA_ALLOC_CONF."""
+    if not torch.cuda.is_available():
+        return
+    weights = shape.num_experts * 3 * shape.hidden * shape.intermediate * torch.empty((), dtype=dtype).element_size()
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    if weights > share * total and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
 
 
 def _release() -> None:

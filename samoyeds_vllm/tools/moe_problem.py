@@ -64,14 +64,33 @@ def make_problem(
     (format.quantize)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     e, h, i = shape.num_experts, shape.hidden, shape.intermediate
-    w13 = (torch.randn(e, 2 * i, h, generator=gen, device=device) * h**-0.5).to(dtype)
-    w2 = (torch.randn(e, h, i, generator=gen, device=device) * i**-0.5).to(dtype)
+    w13 = _random_weights((e, 2 * i, h), h**-0.5, gen, dtype, device)
+    w2 = _random_weights((e, h, i), i**-0.5, gen, dtype, device)
     packed13 = packed2 = None
     if pattern is not None:
         (w13, packed13), (w2, packed2) = (_prune_and_pack(w, pattern, values) for w in (w13, w2))
     x = torch.randn(tokens, h, generator=gen, device=device).to(dtype)
     weights, ids = random_routing(tokens, shape, routing, gen, device)
     return MoEProblem(x, weights, ids, w13, w2, pattern, packed13, packed2)
+
+
+def _random_weights(
+    shape: tuple[int, int, int],
+    scale: float,
+    gen: torch.Generator,
+    dtype: torch.dtype,
+    device,
+    chunk_bytes: int = 1 << 30,
+) -> torch.Tensor:
+    """Normal weights times `scale` in `dtype`, drawn a few experts at a time: drawn whole, DeepSeek-V3's gate/up
+    weights pass through 28 GiB of float32, which an 80 GB GPU holding the previous problem's leftovers cannot
+    place (bench moe ran out of memory there on an H100)."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    step = max(1, chunk_bytes // (out[0].numel() * 4))
+    for start in range(0, shape[0], step):
+        part = out[start : start + step]
+        part.copy_(torch.randn(part.shape, generator=gen, device=device) * scale)
+    return out
 
 
 def _prune_and_pack(

@@ -409,6 +409,7 @@ def test_bench_moe_loop_on_cpu(tmp_path, monkeypatch, capsys):
     for row in result["rows"]:
         status = {r["name"]: r["status"] for r in row["paths"]}
         assert status["ours-bf16"] == "ok" and row["ours_us"] == 1.0 and row["ours_first_capture_us"] == 2.0
+        assert row["gib_in_use_before"] == 0.0  # no GPU memory here
         assert row["ours_rel_err"] < 1e-2 and 0.3 < row["paths"][0]["rel_err_bf16_dense"] < 1  # pruned: 75% off
         assert status["bf16-triton"] == status["w4a16-marlin"] == "failed" and "vllm_us" not in row
         assert all(status[n] == "skipped" for n in PEERS if PEERS[n].fp8 and n != "fp8-triton-fused_experts")
