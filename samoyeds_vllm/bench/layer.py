@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from .. import kernels
-from ..format import FP8, PackedWeight, Pattern, decompress, quantize
+from ..format import FP8, PackedWeight, Pattern, decompress
 from ..plugin.ops import moe_experts
-from ..tools.moe_problem import MoEProblem, make_problem, reference, relative_error, run_sparse
+from ..tools.moe_problem import MoEProblem, make_problem, quantized_by_experts, reference, relative_error, run_sparse
 from ..tools.presets import preset_shape
 from .peers import LEGACY_PEER, PEERS, MoEPath, format_paths_table, measure, run_peers, speedups, vllm_environment
 from .quant import tensor_bytes
@@ -49,7 +49,7 @@ def ours_packed(p: MoEProblem, name: str, label: str) -> MoEPath:
 
 def _ours_fp8(p: MoEProblem, name: str, label: str) -> MoEPath:
     """The samoyeds op with the same kept weights quantized to FP8 values (one scale per output row)."""
-    n13, n2 = (quantize(kernels.checkpoint_layout(w), p.pattern, FP8) for w in (p.packed13, p.packed2))
+    n13, n2 = (quantized_by_experts(w, p.pattern, FP8) for w in (p.packed13, p.packed2))
 
     def dequantized(expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         return tuple(

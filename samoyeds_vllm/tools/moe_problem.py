@@ -106,10 +106,34 @@ def _prune_and_pack(
         w[start : start + step] = prune(w[start : start + step], pattern)
         part = compress(w[start : start + step], pattern)
         parts.append(part if values is None else quantize(part, pattern, values))
-    packed = PackedWeight(*(None if t[0] is None else torch.cat(t) for t in zip(*parts, strict=True)))
+    packed = _joined(parts)
     if values is not None:
         w = decompress(packed, pattern)
     return w, kernels.prepare_weights(packed)
+
+
+def _joined(parts: list[PackedWeight]) -> PackedWeight:
+    """Packed weights of consecutive experts as one."""
+    return PackedWeight(*(None if t[0] is None else torch.cat(t) for t in zip(*parts, strict=True)))
+
+
+def quantized_by_experts(
+    packed: PackedWeight, pattern: Pattern, values: torch.dtype, chunk_bytes: int = 1 << 30
+) -> PackedWeight:
+    """`packed` (either layout) quantized to `values` in the format's layout, a few experts at a time: quantizing
+    passes through float32, which for DeepSeek-V3's 2:4 gate/up values whole is 14 GiB (more than an 80 GB GPU had
+    left beside the problem). Scales are per output row, so the result is that of the whole tensor."""
+    step = max(1, chunk_bytes // (packed.values[0].numel() * 4))
+    return _joined(
+        [
+            quantize(
+                kernels.checkpoint_layout(PackedWeight(*(t if t is None else t[s : s + step] for t in packed))),
+                pattern,
+                values,
+            )
+            for s in range(0, packed.values.shape[0], step)
+        ]
+    )
 
 
 def run_sparse(p: MoEProblem) -> torch.Tensor:

@@ -65,6 +65,35 @@ def test_problem_routing_is_softmax_topk_renormalised():
     torch.testing.assert_close(problem.topk_weights, top.values / top.values.sum(-1, keepdim=True))
 
 
+@pytest.mark.parametrize("pattern", ["samoyeds", "2:4"])
+def test_weights_drawn_and_quantized_by_experts_are_those_made_whole(pattern):
+    """DeepSeek-V3's layer on an 80 GB H100 ran out of memory drawing its weights and quantizing its kept values
+    whole (float32 drafts of 28 and 14 GiB): both go a few experts at a time, which changes neither."""
+    from samoyeds_vllm import kernels
+    from samoyeds_vllm.format import FP8, quantize
+    from samoyeds_vllm.tools.moe_problem import _random_weights, quantized_by_experts
+
+    gen = torch.Generator().manual_seed(0)
+    whole = _random_weights((5, 128, 256), 0.1, gen, torch.bfloat16, "cpu")
+    assert torch.equal(whole, (torch.randn(5, 128, 256, generator=torch.Generator().manual_seed(0)) * 0.1).bfloat16())
+    by_two = _random_weights(
+        (5, 128, 256), 0.1, torch.Generator().manual_seed(0), torch.bfloat16, "cpu", 2 * 128 * 256 * 4
+    )
+    assert (
+        by_two.shape == whole.shape
+        and by_two.dtype == torch.bfloat16
+        and by_two.std().item() == pytest.approx(0.1, rel=0.05)
+    )
+    p = Pattern.parse(pattern)
+    _, packed = _prune_and_pack(whole.clone(), p)  # in the kernels' layout, as problems hold them
+    expected = quantize(kernels.checkpoint_layout(packed), p, FP8)
+    chunked = quantized_by_experts(packed, p, FP8, chunk_bytes=2 * packed.values[0].numel() * 4)  # 2 experts a time
+    for a, b in zip(chunked, expected, strict=True):
+        assert (a is None and b is None) or (
+            a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        )
+
+
 # --- weight formats -------------------------------------------------------------------------------------------
 
 
