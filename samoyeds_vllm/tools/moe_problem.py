@@ -83,8 +83,8 @@ def _random_weights(
     chunk_bytes: int = 1 << 30,
 ) -> torch.Tensor:
     """Normal weights times `scale` in `dtype`, drawn a few experts at a time: drawn whole, DeepSeek-V3's gate/up
-    weights pass through 28 GiB of float32, which an 80 GB GPU holding the previous problem's leftovers cannot
-    place (bench moe ran out of memory there on an H100)."""
+    weights pass through 28 GiB of float32, which an 80 GB H100 whose memory the earlier problems of a bench moe
+    run had cut up could not place."""
     out = torch.empty(shape, dtype=dtype, device=device)
     step = max(1, chunk_bytes // (out[0].numel() * 4))
     for start in range(0, shape[0], step):
