@@ -484,6 +484,26 @@ def test_the_shipped_h200_tables_take_16_token_tiles_where_they_won(monkeypatch)
     kernel_plan._read_table.cache_clear()
 
 
+def test_the_shipped_h100_table_takes_16_token_tiles_for_mixtral_at_16_tokens(monkeypatch):
+    """Mixtral-8x7B samoyeds, FP8 values, H100: 16-token tiles with the down projection split 3 ways at T = 16
+    (1.10x the heuristics' 8-token tiles, benchmarks/results/moe-peers-h100/decode-search/), the heuristics at the
+    sizes around it and past 32 tokens."""
+    monkeypatch.delenv(kernel_plan.CONFIG_DIR_ENV, raising=False)
+    kernel_plan._read_table.cache_clear()
+    untuned = Device("an H100 without tables", (9, 0), SMS, "sm_90a")
+
+    def plan(tokens: int, device: Device = H100):
+        return plan_moe(LayerShape(tokens, **MIXTRAL), SAMOYEDS, torch.bfloat16, device, True)
+
+    for tokens in (13, 16, 24):
+        tuned = plan(tokens)
+        assert tuned.token_tile == 16 > plan(tokens, untuned).token_tile
+        assert (tuned.gate_up.splits, tuned.down.splits) == (1, 3)
+    for tokens in (1, 4, 8, 12, 32, 64, 256):
+        assert plan(tokens) == plan(tokens, untuned), tokens
+    kernel_plan._read_table.cache_clear()
+
+
 def test_the_shipped_mixtral_table_keeps_bf16_activations_in_the_down_projection_where_measured(monkeypatch):
     """configs/kernels/ holds the H200 table of Mixtral-8x7B's FP8 samoyeds layer: at T = 64-128 the down projection
     multiplies bf16 activations (the ws kernel, FP8 values), gate/up FP8 copies; the heuristics elsewhere."""
