@@ -10,6 +10,49 @@ from pathlib import Path
 
 from .errors import SamoyedsError
 
+#: Options whose value is a command line of vLLM flags: argparse refuses a value that starts with "-" after a space
+#: (`--engine-args "--enforce-eager"`), so main joins such a pair into one `--engine-args=...` argument first.
+FLAG_LINE_OPTIONS = ("--engine-args",)
+
+
+def _joined_flag_lines(argv: list[str]) -> list[str]:
+    joined, i = [], 0
+    while i < len(argv):
+        if argv[i] in FLAG_LINE_OPTIONS and i + 1 < len(argv):
+            joined.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            joined.append(argv[i])
+            i += 1
+    return joined
+
+
+def _flag_line(text: str, option: str = "--engine-args") -> list[str]:
+    import shlex
+
+    try:
+        return shlex.split(text)
+    except ValueError as e:  # an unbalanced quote
+        raise SamoyedsError(f"{option} {text!r}: {e}") from None
+
+
+def _output_file(text: str | None, option: str = "--json") -> Path | None:
+    """A file the command writes at its end (or after every step), checked before the work: a run of minutes
+    failed only then, with a traceback, on a folder or a path through a file."""
+    if text is None:
+        return None
+    path = Path(text)
+    if path.is_dir():
+        raise SamoyedsError(f"{option} {path}: a folder, not a file")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SamoyedsError(f"{option} {path}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK):
+        raise SamoyedsError(f"{option} {path}: cannot write in {folder}")
+    return path
+
 
 def _make_model(args: argparse.Namespace) -> None:
     from .format import Pattern
@@ -97,12 +140,11 @@ def _convert(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    import shlex
-
     # the engine's logs (this process and its engine core's) on stderr: stdout holds the result alone
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     from .tools.evaluate import evaluate, write_result
 
+    json_path = _output_file(args.json)
     result = evaluate(
         args.model,
         args.data,
@@ -111,13 +153,13 @@ def _eval(args: argparse.Namespace) -> None:
         max_tokens=args.max_tokens,
         split=args.split,
         text_field=args.text_field,
-        engine_flags=shlex.split(args.engine_args),
+        engine_flags=_flag_line(args.engine_args),
         server=args.server,
     )
     print(result.table())
-    if args.json:
-        write_result(result, Path(args.json))
-        print(f"wrote {args.json}")
+    if json_path:
+        write_result(result, json_path)
+        print(f"wrote {json_path}")
 
 
 def _recover(args: argparse.Namespace) -> None:
@@ -168,7 +210,16 @@ def _bench_moe(args: argparse.Namespace) -> None:
     if not torch.cuda.is_available():
         raise SamoyedsError("bench moe times GPU kernels and needs an NVIDIA GPU")
     fp8 = args.values == "fp8"
-    bench_moe(args.shape, tokens, pattern, _dtype(args), args.json, with_vllm=not args.no_vllm, peers=peers, fp8=fp8)
+    bench_moe(
+        args.shape,
+        tokens,
+        pattern,
+        _dtype(args),
+        _output_file(args.json),
+        with_vllm=not args.no_vllm,
+        peers=peers,
+        fp8=fp8,
+    )
 
 
 def _dtype(args: argparse.Namespace):
@@ -188,12 +239,10 @@ def _bench_routing(args: argparse.Namespace) -> None:
     routings = parse_routings(args.routing, preset_config(args.shape), args.shape)
     if not torch.cuda.is_available():
         raise SamoyedsError("bench routing times vLLM's CUDA routing kernels and ours, and needs an NVIDIA GPU")
-    bench_routing(args.shape, tokens, routings, pattern, _dtype(args), args.json)
+    bench_routing(args.shape, tokens, routings, pattern, _dtype(args), _output_file(args.json))
 
 
 def _bench_e2e(args: argparse.Namespace) -> None:
-    import shlex
-
     from .bench.e2e import PROBE_FACTORS, STAGES, VARIANTS, Workload, bench_e2e, engine_tensor_parallel_size, report
     from .tools.presets import preset_family
     from .tools.vllm_server import gpu_memory_used
@@ -243,7 +292,7 @@ def _bench_e2e(args: argparse.Namespace) -> None:
         raise SamoyedsError(f"--dense-tp wants a number of GPUs, not {args.dense_tp}")
     if args.api_servers is not None and args.api_servers < 1:
         raise SamoyedsError(f"--api-servers wants a number of processes, not {args.api_servers}")
-    engine_args = tuple(shlex.split(args.engine_args))
+    engine_args = tuple(_flag_line(args.engine_args))
     if any(arg.partition("=")[0] in ("--api-server-count", "-asc") for arg in engine_args):
         raise SamoyedsError(
             "give the API server processes with --api-servers: --engine-args also go to the offline engines, "
@@ -588,7 +637,7 @@ def _versions() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_joined_flag_lines(sys.argv[1:] if argv is None else list(argv)))
     signal.signal(signal.SIGTERM, _raise_exit)
     try:
         args.func(args)

@@ -45,6 +45,12 @@ SUFFIXES = {"values": "weight_packed", "meta": "weight_meta", "rowsel": "weight_
 #: Value types a checkpoint may name (`values`), and the one scale layout (`scale`): one fp32 per output row.
 VALUE_TYPES = {"float8_e4m3fn": torch.float8_e4m3fn}
 SCALE_LAYOUT = "channel"
+#: Every key of a samoyeds quantization_config (quantization_config below writes them); any other is a misspelling
+#: that would otherwise leave its setting at the default unnoticed ("patern": "2:4" served the samoyeds pattern).
+CONFIG_KEYS = frozenset(
+    {"quant_method", "format_version", "pattern", "segment", "values", "scale", "other_layers", "sparse_modules"}
+    | {"pruning_method", "recovery"}  # informative: how the kept weights were chosen (convert, recover)
+)
 
 
 def quantization_config(
@@ -88,6 +94,16 @@ class SparseCheckpointConfig:
 def parse_quantization_config(config: dict) -> SparseCheckpointConfig:
     """Read a `quantization_config` dict (or the empty one of `--quantization samoyeds` on a dense checkpoint).
     A `format_version` means packed tensors; this package reads FORMAT_VERSIONS. CheckpointError otherwise."""
+    # beside an FP8 checkpoint's own keys (sparsify on load) the samoyeds ones cannot be told from them
+    if config.get("quant_method", QUANT_METHOD) == QUANT_METHOD and (unknown := sorted(set(config) - CONFIG_KEYS)):
+        keys = ", ".join(map(repr, unknown))
+        raise CheckpointError(
+            f"samoyeds quantization_config: unknown key{'s' if len(unknown) > 1 else ''} {keys} (it takes "
+            f"{', '.join(sorted(CONFIG_KEYS))})"
+        )
+    segment = config.get("segment")
+    if segment is not None and (not isinstance(segment, int) or isinstance(segment, bool)):
+        raise CheckpointError(f"samoyeds quantization_config: segment wants a number, not {segment!r}")
     version = config.get("format_version")
     if version is not None and version not in FORMAT_VERSIONS:
         raise CheckpointError(
@@ -95,7 +111,7 @@ def parse_quantization_config(config: dict) -> SparseCheckpointConfig:
             f"versions {', '.join(map(str, FORMAT_VERSIONS))}); re-convert the model or upgrade"
         )
     try:
-        pattern = Pattern.parse(config.get("pattern", "samoyeds"), config.get("segment"))
+        pattern = Pattern.parse(config.get("pattern", "samoyeds"), segment)
     except PatternError as e:
         raise CheckpointError(f"samoyeds quantization_config: {e}") from None
     # Quantized values: named by version 2 (or 3), or asked of sparsify on load (no version) with the same keys.

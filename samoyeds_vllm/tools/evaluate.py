@@ -138,6 +138,26 @@ def _served(url: str, path: str, body: dict | None = None) -> dict:
         raise SamoyedsError(f"cannot reach the server at {url}: {e}") from None
 
 
+def served_model(server: str, model: str) -> dict:
+    """The entry of /v1/models that is `model`: the server must serve the model whose tokenizer and name the
+    result carries (scoring whatever it served labelled a dense model with its sparse twin's perplexity). vLLM
+    gives each entry's path as `root`; compared resolved where it is a folder here, else by its last part (a server
+    started elsewhere, or under --served-model-name)."""
+    entries = _served(server, "/v1/models")["data"]
+
+    def same(entry: dict) -> bool:
+        root = Path(entry.get("root") or entry["id"])
+        if root.is_dir() and Path(model).is_dir():
+            return root.resolve() == Path(model).resolve()
+        return root.name == Path(model).name
+
+    for entry in entries:
+        if same(entry):
+            return entry
+    roots = ", ".join(str(e.get("root") or e["id"]) for e in entries)
+    raise SamoyedsError(f"{server} serves {roots}, not {model}: start it with `vllm serve {model}`, or evaluate that")
+
+
 def _served_logprobs(url: str, name: str, requests: list[Window], batch: int = 64) -> list[list[float]]:
     """The same as _engine_logprobs, from a running `vllm serve` (its completions API takes token ids and returns
     prompt log-probabilities keyed by token id), `batch` windows per request."""
@@ -169,16 +189,19 @@ def evaluate(
     `server` is instead the URL of a running `vllm serve` of `model`, which then scores."""
     from transformers import AutoTokenizer
 
+    for name, value in (("window", window), ("stride", stride), ("max_tokens", max_tokens)):
+        if value is not None and value < 1:
+            raise SamoyedsError(f"{name} wants a positive number of tokens, not {value}")
     model = str(model)
     config = read_config(Path(model))
     context = int(text_config(config).get("max_position_embeddings") or DEFAULT_WINDOW + 1)
     if server:
         if engine_flags:
             raise SamoyedsError("engine flags apply to a new engine, not to a running server")
-        served = _served(server, "/v1/models")["data"][0]
+        served = served_model(server, model)
         context = min(context, int(served.get("max_model_len") or context))
-    window = window or min(DEFAULT_WINDOW, context - 1)
-    stride = stride or max(1, window // 2)
+    window = window if window is not None else min(DEFAULT_WINDOW, context - 1)
+    stride = stride if stride is not None else max(1, window // 2)
     if window + 1 > context:
         raise SamoyedsError(f"a window of {window} tokens does not fit the model's context of {context} tokens")
     try:
@@ -194,7 +217,7 @@ def evaluate(
             continue
         ids.append(doc_ids)
         num_bytes.append(doc_bytes)
-        if max_tokens and sum(map(len, ids)) >= max_tokens:
+        if max_tokens is not None and sum(map(len, ids)) >= max_tokens:
             break
     sep = separator_id(tokenizer)
     requests = [w for doc in ids for w in windows(doc, sep, window, stride)]

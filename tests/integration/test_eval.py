@@ -87,4 +87,9 @@ def test_eval_of_a_running_server_matches_transformers(text_and_models, tmp_path
     args = ["--dtype", "float32", "--max-model-len", str(WINDOW + 1), "--enforce-eager"]
     with VllmServer(model, args, log_path=tmp_path / "serve.log", env={"VLLM_CPU_KVCACHE_SPACE": "1"}) as server:
         result = run_eval(model, data, tmp_path / "served.json", "--server", server.url)
+        # another model's name against this server: it scored the served one under that name
+        dense = models["dense"][0]
+        cmd = [sys.executable, "-m", "samoyeds_vllm.cli", "eval", str(dense), "--data", str(data), "--server"]
+        run = subprocess.run([*cmd, server.url], capture_output=True, text=True, timeout=300, env=ENV)
+        assert run.returncode == 2 and f"serves {model}, not {dense}" in run.stderr, run.stderr[-2000:]
     assert_matches_transformers(result, reference, data)

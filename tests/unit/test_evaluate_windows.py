@@ -49,3 +49,38 @@ def test_a_cpu_engine_takes_a_share_of_ram_that_the_user_can_override(monkeypatc
     assert parser.parse_args(engine_command("m", 1025, flags)).gpu_memory_utilization == 0.5
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert "--gpu-memory-utilization" not in engine_command("m", 1025, [])
+
+
+def test_eval_refuses_bad_numbers_and_outputs_before_any_work(tiny_models, tmp_path, capsys, monkeypatch):
+    """From a user walk: --window 0 / --max-tokens -3 ran with the defaults, an unwritable --json failed after the
+    whole evaluation with a traceback, `--engine-args "--enforce-eager"` was refused by argparse and an unbalanced
+    quote ended in a traceback. Each is now refused at once, in one line."""
+    from samoyeds_vllm import cli
+    from samoyeds_vllm.tools import evaluate as evaluate_module
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("no engine may start")
+
+    monkeypatch.setattr(evaluate_module, "_engine", no_engine)
+    model, data = str(tiny_models["qwen3_moe"]), str(tmp_path / "text.txt")
+    (tmp_path / "text.txt").write_text("some text to score")
+    for flags, message in [
+        (["--window", "0"], "window wants a positive number of tokens, not 0"),
+        (["--stride", "0"], "stride wants a positive number of tokens, not 0"),
+        (["--max-tokens", "-3"], "max_tokens wants a positive number of tokens, not -3"),
+        (["--json", data + "/out.json"], "text.txt is a file, not a folder"),
+        (["--json", str(tmp_path)], "a folder, not a file"),
+        (["--engine-args", '"unbalanced'], "--engine-args '\"unbalanced': No closing quotation"),
+    ]:
+        assert cli.main(["eval", model, "--data", data, *flags]) == 2, flags
+        assert message in capsys.readouterr().err, flags
+    # a flag alone, without =, reaches the engine
+    seen = {}
+
+    def stop(*args, **kwargs):
+        seen.update(kwargs)
+        raise SamoyedsError("stop")
+
+    monkeypatch.setattr(evaluate_module, "evaluate", stop)
+    assert cli.main(["eval", model, "--data", data, "--engine-args", "--enforce-eager"]) == 2
+    assert seen["engine_flags"] == ["--enforce-eager"]

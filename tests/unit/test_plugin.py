@@ -139,6 +139,9 @@ def test_config_of_a_checkpoint_converted_from_fp8_blocks():
         ({"values": "int4"}, "not values 'int4'"),
         ({"format_version": 1, "pattern": "1:8"}, "unknown sparsity pattern '1:8'"),
         ({"format_version": 1, "pattern": "samoyeds", "segment": 96}, "segment must be one of"),
+        # a misspelt key (through --hf-overrides) left the pattern at its default and served 75% unnoticed
+        ({"patern": "2:4"}, r"unknown key 'patern' \(it takes format_version, other_layers, pattern, "),
+        ({"pattern": "samoyeds", "segment": "128"}, "segment wants a number, not '128'"),
     ],
 )
 def test_config_rejects_unknown_versions_and_patterns(config, words):
