@@ -324,6 +324,7 @@ def _bench_e2e(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> None:
+    from .tools.architectures import text_config
     from .tools.memory import FORMS, GIB, GPU_BYTES, default_overhead_gib, kv_bytes_per_token, plan
 
     config, from_fp8 = _model_config(args.model)
@@ -336,14 +337,23 @@ def _fit(args: argparse.Namespace) -> None:
         raise SamoyedsError(f"--gpu {args.gpu!r}: give {' or '.join(GPU_BYTES)}, or the GPU's memory in GiB")
     forms = args.forms.split(",") if args.forms else list(FORMS)
     overhead = default_overhead_gib(args.tensor_parallel_size) if args.overhead_gib is None else args.overhead_gib
-    fits = plan(config, forms, gpu_bytes, args.tensor_parallel_size, args.gpu_memory_utilization, overhead,
-                args.seq_len, from_fp8, args.segment)  # fmt: skip
+    context = text_config(config).get("max_position_embeddings")
+    if isinstance(context, int) and args.seq_len > context:
+        raise SamoyedsError(
+            f"--seq-len {args.seq_len} is past {args.model}'s context of {context} tokens (max_position_embeddings): "
+            "vLLM refuses such a --max-model-len"
+        )
+    try:
+        fits = plan(config, forms, gpu_bytes, args.tensor_parallel_size, args.gpu_memory_utilization, overhead,
+                    args.seq_len, from_fp8, args.segment)  # fmt: skip
+        per_token = kv_bytes_per_token(config, args.tensor_parallel_size)
+    except KeyError as e:  # a config cut short, or hand-written
+        raise SamoyedsError(f"{args.model}: its config has no {e.args[0]!r}, which fit counts with") from None
     per_gpu = " per GPU" if args.tensor_parallel_size > 1 else ""
     print(
         f"{args.model} on {args.tensor_parallel_size} x {gpu_bytes / GIB:.1f} GiB, --gpu-memory-utilization "
         f"{args.gpu_memory_utilization}, {overhead:g} GiB{per_gpu} for activations, CUDA graphs and communicators "
-        f"(an estimate: --overhead-gib); KV cache "
-        f"{kv_bytes_per_token(config, args.tensor_parallel_size) / 1024:.1f} KiB per token{per_gpu}"
+        f"(an estimate: --overhead-gib); KV cache {per_token / 1024:.1f} KiB per token{per_gpu}"
     )
     print(
         "Packed forms: a checkpoint converted beforehand"
@@ -418,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_make_model)
 
     p = _subcommand(sub, "convert", help="prune and pack a dense MoE checkpoint's experts into a sparse checkpoint")
-    p.add_argument("in_dir", help="dense Hugging Face model directory (safetensors)")
+    p.add_argument("in_dir", help="Hugging Face model directory (safetensors), dense or FP8 block-quantized")
     p.add_argument("out_dir", help="where to write the sparse checkpoint (must not exist, unless --force)")
     p.add_argument("--pattern", required=True, choices=["2:4", "samoyeds"], help="2:4 (50%% sparse) or samoyeds (75%%)")
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V: 32, 64 or 128 (default 128)")
@@ -515,7 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment V (default 128)")
     p.set_defaults(func=_fit)
 
-    bench = _subcommand(sub, "bench", help="benchmarks (GPU)").add_subparsers(dest="bench", required=True)
+    bench = _subcommand(
+        sub, "bench", help="benchmarks (GPU; bench e2e also on CPU with a tiny-* model)"
+    ).add_subparsers(dest="bench", required=True)
     p = _subcommand(bench, "moe", help="our sparse MoE layer vs vLLM's MoE paths, CUDA graphs, same inputs")
     _layer_arguments(p, "qwen3-30b-a3b")
     p.add_argument(
@@ -548,7 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _subcommand(
         bench,
         "e2e",
-        help="dense vLLM (bf16, FP8) vs samoyeds (bf16, FP8) end to end: throughput, serving, memory (GPU)",
+        help="dense vLLM (bf16, FP8) vs samoyeds (bf16, FP8) end to end: throughput, serving, memory (GPU; on a CPU "
+        "every variant but the dense FP8 ones, with a tiny-* model)",
     )
     p.add_argument(
         "--model",

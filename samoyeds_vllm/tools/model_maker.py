@@ -387,6 +387,14 @@ def make_model(
     if layers is not None:
         if not 1 <= layers <= text["num_hidden_layers"]:
             raise SamoyedsError(f"--layers must be between 1 and the preset's {text['num_hidden_layers']} layers")
+        moe_layer = getattr(_LAYOUTS.get(arch), "moe_layer", None)
+        if moe_layer is not None and not any(moe_layer(text, layer) for layer in range(layers)):
+            first = next((layer for layer in range(text["num_hidden_layers"]) if moe_layer(text, layer)), None)
+            raise SamoyedsError(
+                f"--layers {layers}: the first {layers} layer(s) of {arch} ({preset}) are dense MLPs, so the model "
+                "would have no routed experts to make sparse"
+                + (f"; keep at least {first + 1}" if first is not None else "")
+            )
         text["num_hidden_layers"] = layers
     if not config_only and arch not in _weight_families():
         raise SamoyedsError(

@@ -129,6 +129,9 @@ def test_fit_prints_each_form_and_refuses_bad_input(tmp_path, capsys):
     model = make_model("qwen3_moe", "tiny", tmp_path / "fp8", config_only=True, fp8_block=True)
     assert main(["fit", str(model), "--forms", "samoyeds-fp8"]) == 0
     assert "from this FP8 one (its other projections stay FP8)" in capsys.readouterr().out
+    short = tmp_path / "short"  # a config.json cut short
+    short.mkdir()
+    (short / "config.json").write_text('{"model_type": "qwen3_moe", "num_experts": 8}')
     for bad, words in [
         (["fit", str(tmp_path / "none")], "no such directory"),
         (["fit", "qwen3-30b"], "neither a model directory nor a preset"),
@@ -141,6 +144,8 @@ def test_fit_prints_each_form_and_refuses_bad_input(tmp_path, capsys):
         (["fit", "qwen3-30b-a3b", "--overhead-gib", "-1"], "overhead"),
         (["fit", "qwen3-30b-a3b", "--segment", "100"], "segment"),
         (["fit", "qwen3-30b-a3b", "-tp", "3"], "no form of qwen3-30b-a3b runs on 3 GPUs"),
+        (["fit", "qwen3-30b-a3b", "--seq-len", "100000"], "--seq-len 100000 is past qwen3-30b-a3b's context of 40960"),
+        (["fit", str(short)], "its config has no 'num_hidden_layers'"),
     ]:
         assert main(bad) == 2
         assert words in capsys.readouterr().err

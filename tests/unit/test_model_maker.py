@@ -603,3 +603,15 @@ def test_a_model_larger_than_the_free_space_is_refused(tmp_path, monkeypatch):
     ):
         make_model("mixtral", "mixtral-8x7b", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_layers_that_keep_no_moe_layer_are_refused(tmp_path):
+    """DeepSeek's first layers are dense MLPs (first_k_dense_replace): --layers 1 of the tiny preset, or 2 of the
+    real one, made a model without routed experts, which convert then refused and fit sized as a sparse model."""
+    with pytest.raises(SamoyedsError, match=r"--layers 1: .* no routed experts to make sparse; keep at least 2"):
+        make_model("deepseek_v3", "tiny", tmp_path / "one", layers=1)
+    with pytest.raises(SamoyedsError, match="keep at least 4"):
+        make_model("deepseek_v3", "deepseek-v3", tmp_path / "two", layers=2, config_only=True)
+    assert not list(tmp_path.iterdir())
+    config = json.loads((make_model("deepseek_v3", "tiny", tmp_path / "ok", layers=2) / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 > config["first_k_dense_replace"]
