@@ -324,7 +324,6 @@ def _bench_e2e(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    from .tools.architectures import text_config
     from .tools.memory import FORMS, GIB, GPU_BYTES, default_overhead_gib, kv_bytes_per_token, plan
 
     config, from_fp8 = _model_config(args.model)
@@ -337,12 +336,6 @@ def _fit(args: argparse.Namespace) -> None:
         raise SamoyedsError(f"--gpu {args.gpu!r}: give {' or '.join(GPU_BYTES)}, or the GPU's memory in GiB")
     forms = args.forms.split(",") if args.forms else list(FORMS)
     overhead = default_overhead_gib(args.tensor_parallel_size) if args.overhead_gib is None else args.overhead_gib
-    context = text_config(config).get("max_position_embeddings")
-    if isinstance(context, int) and args.seq_len > context:
-        raise SamoyedsError(
-            f"--seq-len {args.seq_len} is past {args.model}'s context of {context} tokens (max_position_embeddings): "
-            "vLLM refuses such a --max-model-len"
-        )
     try:
         fits = plan(config, forms, gpu_bytes, args.tensor_parallel_size, args.gpu_memory_utilization, overhead,
                     args.seq_len, from_fp8, args.segment)  # fmt: skip

@@ -19,7 +19,6 @@ vLLM pickles the config to its engine processes, so the class lives at module le
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_s
 from ..errors import CheckpointError
 from ..format import EXPERT_COUNT_KEYS, QUANT_METHOD, SUFFIXES, Pattern, parse_quantization_config
 from ..format.fp8_blocks import SCALE_SUFFIX, block_size
+from ..format.shards import open_shard, shard_files
 from .moe_method import SamoyedsMoEMethod
 
 #: One expert's tensor: LAYER.E.PROJECTION.SUFFIX, where vLLM names the experts layer LAYER too (every supported
@@ -53,48 +53,27 @@ class CheckpointExperts:
     foreign: str | None = None
 
 
-def checkpoint_files(model_dir: Path) -> list[Path]:
-    """The safetensors files vLLM loads from `model_dir`: those its index names where it has one (vLLM skips the
-    others), else every one; none for a model that is not a local directory (a hub name, load_format=dummy)."""
-    if not model_dir.is_dir():
-        return []
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = set(json.loads(index.read_text())["weight_map"].values())
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{index}: not a safetensors index ({e}); the checkpoint is damaged") from None
-        return [model_dir / name for name in sorted(names)]
-    return sorted(model_dir.glob("*.safetensors"))
-
-
 def checkpoint_experts(model_dir: Path, suffixes: set[str]) -> dict[str, CheckpointExperts]:
-    """Experts layer name -> CheckpointExperts, from the safetensors headers in `model_dir`. A file that cannot
-    be read (truncated by a copy cut short, missing from its index) is refused here, by name: vLLM's loader says
+    """Experts layer name -> CheckpointExperts, from the safetensors headers of the files vLLM loads from
+    `model_dir` (none for a model that is not a local directory: a hub name, load_format=dummy). A file that
+    cannot be read (cut short by a copy, missing from its index) is refused here, by name: vLLM's loader says
     "incomplete metadata" and names no file."""
-    from safetensors import safe_open
-
     layers: dict[str, CheckpointExperts] = {}
-    for path in checkpoint_files(model_dir):
-        if not path.is_file():
-            raise ValueError(f"{path}: named in the checkpoint's index but missing; the checkpoint is incomplete")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                names = list(f.keys())
-        except Exception as e:
-            raise ValueError(
-                f"{path}: unreadable ({e}); the file is damaged or was cut short (a copy or download that did not "
-                "finish): copy or convert it again"
-            ) from None
-        for name in names:
-            if not (m := _EXPERT_TENSOR.match(name)):
-                continue
-            expert = int(m["expert"])
-            seen = layers.setdefault(m["layer"], CheckpointExperts(expert, name))
-            if expert > seen.highest:
-                seen.highest, seen.highest_name = expert, name
-            if m["suffix"] not in suffixes and seen.foreign is None:
-                seen.foreign = name
+    if not model_dir.is_dir():
+        return layers
+    try:
+        names = [name for path in shard_files(model_dir) for name in open_shard(path).keys()]
+    except CheckpointError as e:
+        raise ValueError(str(e)) from None  # as from_config's
+    for name in names:
+        if not (m := _EXPERT_TENSOR.match(name)):
+            continue
+        expert = int(m["expert"])
+        seen = layers.setdefault(m["layer"], CheckpointExperts(expert, name))
+        if expert > seen.highest:
+            seen.highest, seen.highest_name = expert, name
+        if m["suffix"] not in suffixes and seen.foreign is None:
+            seen.foreign = name
     return layers
 
 

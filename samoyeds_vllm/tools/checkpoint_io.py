@@ -19,12 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..errors import CheckpointError, SamoyedsError
+from ..format.shards import INDEX_NAME, open_shard, shard_files
 
-INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 
@@ -83,33 +82,17 @@ class CheckpointReader:
 
     def __init__(self, model_dir: Path):
         self.model_dir = model_dir
-        index = model_dir / INDEX_NAME
-        if index.exists():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
-            files = list(dict.fromkeys(weight_map.values()))
-        else:
-            files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+        files = shard_files(model_dir)
         if not files:
             raise CheckpointError(f"{model_dir}: no *.safetensors weights (other weight formats are not supported)")
         self._handles = {}
         self._file_of: dict[str, str] = {}
-        for name in files:
-            path = model_dir / name
-            if not path.is_file():
-                raise CheckpointError(f"{path}: listed in {INDEX_NAME} but missing")
-            try:
-                handle = safe_open(str(path), framework="pt")
-                keys = list(handle.keys())
-            except Exception as e:  # safetensors raises its own error type, or OSError, for bad files
-                raise CheckpointError(f"{path}: corrupted or truncated safetensors file ({e})") from None
-            self._handles[name] = handle
-            for key in keys:
+        for path in files:
+            handle = self._handles[path.name] = open_shard(path)
+            for key in handle.keys():
                 if key in self._file_of:
                     raise CheckpointError(f"{path}: tensor {key} also appears in {self._file_of[key]}")
-                self._file_of[key] = name
+                self._file_of[key] = path.name
 
     def names(self) -> list[str]:
         """Every tensor name, shard by shard, in file order."""

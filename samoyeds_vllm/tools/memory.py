@@ -172,6 +172,12 @@ def plan(
         raise SamoyedsError(f"the overhead must be zero or more GiB, not {overhead_gib}")
     if seq_len < 1:
         raise SamoyedsError(f"the sequence length must be at least 1, not {seq_len}")
+    context = text_config(hf_config).get("max_position_embeddings")
+    if isinstance(context, int) and seq_len > context:
+        raise SamoyedsError(
+            f"the sequence length {seq_len} is past the model's context of {context} tokens "
+            "(max_position_embeddings): vLLM refuses such a --max-model-len"
+        )
     if segment is not None:
         Pattern.parse("samoyeds", segment)  # a bad segment is the caller's error, not the model's
     per_token = kv_bytes_per_token(hf_config, tp)

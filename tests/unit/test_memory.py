@@ -144,7 +144,7 @@ def test_fit_prints_each_form_and_refuses_bad_input(tmp_path, capsys):
         (["fit", "qwen3-30b-a3b", "--overhead-gib", "-1"], "overhead"),
         (["fit", "qwen3-30b-a3b", "--segment", "100"], "segment"),
         (["fit", "qwen3-30b-a3b", "-tp", "3"], "no form of qwen3-30b-a3b runs on 3 GPUs"),
-        (["fit", "qwen3-30b-a3b", "--seq-len", "100000"], "--seq-len 100000 is past qwen3-30b-a3b's context of 40960"),
+        (["fit", "qwen3-30b-a3b", "--seq-len", "100000"], "100000 is past the model's context of 40960"),
         (["fit", str(short)], "its config has no 'num_hidden_layers'"),
     ]:
         assert main(bad) == 2

@@ -77,15 +77,15 @@ def test_a_damaged_checkpoint_file_is_refused_by_name(tiny_models, tmp_path):
     SamoyedsConfig().maybe_update_config(str(model))  # whole: raises nothing
     with open(shard, "r+b") as f:
         f.truncate(shard.stat().st_size - 1000)
-    with pytest.raises(ValueError, match=rf"{shard.name}: unreadable \(.*incomplete metadata.*cut short"):
+    with pytest.raises(ValueError, match=rf"{shard.name}: corrupted or truncated .*metadata.*did not finish"):
         SamoyedsConfig().maybe_update_config(str(model))
     shard.unlink()
     index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(ValueError, match="model-00001-of-00002.safetensors: named in the checkpoint's index but"):
+    with pytest.raises(ValueError, match="model-00001-of-00002.safetensors: listed in .*index.json but missing"):
         SamoyedsConfig().maybe_update_config(str(model))
     (model / "model.safetensors.index.json").write_text("{")
-    with pytest.raises(ValueError, match="not a safetensors index"):
+    with pytest.raises(ValueError, match="not a valid safetensors index"):
         SamoyedsConfig().maybe_update_config(str(model))
 
 
