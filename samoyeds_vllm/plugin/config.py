@@ -20,7 +20,7 @@ vLLM pickles the config to its engine processes, so the class lives at module le
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,9 @@ from .moe_method import SamoyedsMoEMethod
 #: One expert's tensor: LAYER.E.PROJECTION.SUFFIX, where vLLM names the experts layer LAYER too (every supported
 #: family: `model.layers.3.mlp.experts.5.gate_proj.weight_packed`, `...block_sparse_moe.experts.5.w1.weight`,
 #: multimodal Llama-4's `language_model.model.layers.3.feed_forward.experts.5.down_proj.weight_packed`).
-_EXPERT_TENSOR = re.compile(r"^(?P<layer>.+\.experts)\.(?P<expert>\d+)\.[^.]+\.(?P<suffix>[^.]+)$")
+_EXPERT_TENSOR = re.compile(r"^(?P<layer>.+\.experts)\.(?P<expert>\d+)\.(?P<projection>[^.]+)\.(?P<suffix>[^.]+)$")
+#: The down projections' names ([hidden, intermediate]); the others (gate, up) are [intermediate, hidden].
+_DOWN_PROJECTIONS = ("down_proj", "w2")
 
 
 @dataclass
@@ -51,6 +53,8 @@ class CheckpointExperts:
     highest: int
     highest_name: str
     foreign: str | None = None
+    #: dense weights (sparsify on load): projection -> shape -> the first tensor of that shape
+    dense_shapes: dict[str, dict[tuple[int, ...], str]] = field(default_factory=dict)
 
 
 def checkpoint_experts(model_dir: Path, suffixes: set[str]) -> dict[str, CheckpointExperts]:
@@ -62,18 +66,22 @@ def checkpoint_experts(model_dir: Path, suffixes: set[str]) -> dict[str, Checkpo
     if not model_dir.is_dir():
         return layers
     try:
-        names = [name for path in shard_files(model_dir) for name in open_shard(path).keys()]
+        handles = [open_shard(path) for path in shard_files(model_dir)]
     except CheckpointError as e:
         raise ValueError(str(e)) from None  # as from_config's
-    for name in names:
-        if not (m := _EXPERT_TENSOR.match(name)):
-            continue
-        expert = int(m["expert"])
-        seen = layers.setdefault(m["layer"], CheckpointExperts(expert, name))
-        if expert > seen.highest:
-            seen.highest, seen.highest_name = expert, name
-        if m["suffix"] not in suffixes and seen.foreign is None:
-            seen.foreign = name
+    for handle in handles:
+        for name in handle.keys():
+            if not (m := _EXPERT_TENSOR.match(name)):
+                continue
+            expert = int(m["expert"])
+            seen = layers.setdefault(m["layer"], CheckpointExperts(expert, name))
+            if expert > seen.highest:
+                seen.highest, seen.highest_name = expert, name
+            if m["suffix"] not in suffixes and seen.foreign is None:
+                seen.foreign = name
+            if m["suffix"] == "weight":
+                shape = tuple(handle.get_slice(name).get_shape())
+                seen.dense_shapes.setdefault(m["projection"], {}).setdefault(shape, name)
     return layers
 
 
@@ -225,3 +233,19 @@ def _check_checkpoint_experts(layer: RoutedExperts, found: CheckpointExperts | N
             f"{found.foreign}: this checkpoint's expert tensors end in {' / '.join(sorted(suffixes))}, so vLLM "
             "would skip this one; the checkpoint is damaged or mixes formats (re-convert it)"
         )
+    # vLLM's loader copies a dense expert weight of another shape into part of its parameter without a word,
+    # leaving the rest as it was allocated (seen as NaNs at packing, or served as noise)
+    config = layer.moe_config
+    hidden = config.hidden_dim_unpadded or config.hidden_dim
+    inter = (config.intermediate_size_per_partition_unpadded or config.intermediate_size_per_partition) * (
+        config.moe_parallel_config.tp_size
+    )
+    for projection, shapes in found.dense_shapes.items():
+        wanted = (hidden, inter) if projection in _DOWN_PROJECTIONS else (inter, hidden)
+        for shape, name in shapes.items():
+            if shape[-2:] != wanted:
+                raise ValueError(
+                    f"{name} is {list(shape)} in the checkpoint, but {layer.layer_name} needs {list(wanted)} "
+                    f"(config.json: hidden {hidden}, expert intermediate {inter}); the checkpoint is damaged or "
+                    "config.json is not its own"
+                )

@@ -210,32 +210,40 @@ def _check_input(in_dir: Path) -> tuple[dict, Architecture, CheckpointReader | P
         )
     arch = architecture_of(config)
     reader, fp8_reader = CheckpointReader(in_dir), None
-    _check_against_config(in_dir, config, arch, reader)
+    check_against_config(in_dir, config, arch, reader)
     if block is not None:
         config = {k: v for k, v in config.items() if k != "quantization_config"}
         reader = fp8_reader = Fp8BlockReader(reader, quant, dtype_of(config))
     return config, arch, per_expert(reader, arch), fp8_reader
 
 
-def _check_against_config(in_dir: Path, config: dict, arch: Architecture, reader: CheckpointReader) -> None:
-    """Every text-model tensor config.json implies is in the checkpoint, in its shape. A checkpoint that lacks one
-    (a deleted tensor, a config of more layers or experts than the weights) would convert and then be served as
-    noise: vLLM checks for weights it did not load only without a quantization method."""
+def implied_shapes(config: dict) -> dict[str, tuple[int, ...]] | None:
+    """Every tensor config.json implies, with its shape (the hub's names); None for a family, or a config, without a
+    known tensor list."""
     # transformers writes the expert count under another key than the hub's config of some families
     count = next((config[key] for key in EXPERT_COUNT_KEYS if key in config), None)
     try:
         specs = weight_specs({key: count for key in EXPERT_COUNT_KEYS} | config if count else config)
     except (SamoyedsError, KeyError):
-        return  # a family, or a config, without a known tensor list: vLLM checks the shapes it loads
+        return None
+    return {name: tuple(shape) for name, shape in specs}
+
+
+def check_against_config(in_dir: Path, config: dict, arch: Architecture, reader: CheckpointReader) -> None:
+    """Every text-model tensor config.json implies is in the checkpoint, in its shape. A checkpoint that lacks one
+    (a deleted tensor, a config of more layers or experts than the weights) would convert and then be served as
+    noise: vLLM checks for weights it did not load only without a quantization method."""
+    if (shapes := implied_shapes(config)) is None:
+        return  # vLLM checks the shapes it loads
     stored = set(reader.names())
-    specs = [(name, shape) for name, shape in specs if name.startswith(arch.text_prefix)]
+    specs = [(name, shape) for name, shape in shapes.items() if name.startswith(arch.text_prefix)]
     if missing := [name for name, _ in specs if name not in stored]:
         raise CheckpointError(
             f"{in_dir}: config.json implies {len(missing)} tensor(s) the checkpoint lacks ({', '.join(missing[:3])}"
             f"{', ...' if len(missing) > 3 else ''}); the checkpoint is incomplete or config.json is not its own"
         )
     for name, shape in specs:
-        if tuple(reader.shape(name)) != tuple(shape):
+        if tuple(reader.shape(name)) != shape:
             raise CheckpointError(
                 f"{in_dir}: {name} is {list(reader.shape(name))} in the checkpoint but config.json implies "
                 f"{list(shape)}; the checkpoint is damaged or config.json is not its own"

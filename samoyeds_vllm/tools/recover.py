@@ -26,11 +26,12 @@ import torch
 from tqdm import tqdm
 
 from ..errors import CheckpointError, SamoyedsError
-from ..format import QUANT_METHOD, PackedWeight, decompress, parse_quantization_config
+from ..format import QUANT_METHOD, PackedWeight, check_packed, decompress, parse_quantization_config
 from ..format.checkpoint import SUFFIXES
+from ..format.shards import shard_files
 from .architectures import architecture_of
 from .checkpoint_io import CheckpointReader, ShardedWriter, check_output_dir, read_config
-from .convert import convert
+from .convert import check_against_config, convert, implied_shapes
 from .text_data import calibration_windows, load_documents, token_windows
 
 STATE_DIR = "accelerate"  # inside .OUT.recover-state: accelerate's state and our progress
@@ -117,6 +118,7 @@ def unpack_to_dense(sparse_dir: Path, out_dir: Path) -> None:
     """Write SPARSE with its packed experts unpacked (zeros where pruned) as a dense checkpoint with hub names."""
     config = read_config(sparse_dir)
     pattern = parse_quantization_config(config["quantization_config"]).pattern
+    shapes = implied_shapes(config) or {}
     reader = CheckpointReader(sparse_dir)
     names = set(reader.names())
     suffix = "." + SUFFIXES["values"]
@@ -127,6 +129,8 @@ def unpack_to_dense(sparse_dir: Path, out_dir: Path) -> None:
             prefix = name.removesuffix(suffix)
             parts = {k: f"{prefix}.{s}" for k, s in SUFFIXES.items()}
             packed = PackedWeight(*(reader.get(parts[k]) if parts[k] in names else None for k in SUFFIXES))
+            if (shape := shapes.get(f"{prefix}.weight")) is not None:
+                check_packed(packed, pattern, shape, f"{sparse_dir}: {prefix}")
             writer.add(f"{prefix}.weight", decompress(packed, pattern))
         elif not any(name.endswith("." + s) for s in SUFFIXES.values()):
             writer.add(name, reader.get(name))
@@ -162,6 +166,29 @@ def _masks(model, train_non_experts: bool) -> dict[str, torch.Tensor]:
     return masks
 
 
+def _inputs_of(dense_dir: Path, sparse_dir: Path) -> dict:
+    """What identifies the two inputs of a recovery: their folders, and the size and time of each file of their
+    weights and configs (a SPARSE converted again in the same folder is another input)."""
+
+    def files(folder: Path) -> dict:
+        paths = [folder / "config.json", *shard_files(folder)]
+        return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in paths}
+
+    return {
+        "dense": str(dense_dir.resolve()),
+        "sparse": str(sparse_dir.resolve()),
+        "dense_files": files(dense_dir),
+        "sparse_files": files(sparse_dir),
+    }
+
+
+def _read_json(path: Path, missing=None):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return missing
+
+
 def recover(dense_dir: Path, sparse_dir: Path, out_dir: Path, settings: RecoverSettings, *, force: bool = False):
     """Distil DENSE into SPARSE's kept weights and write the result as a packed checkpoint OUT. Returns the log."""
     from accelerate import Accelerator
@@ -172,8 +199,10 @@ def recover(dense_dir: Path, sparse_dir: Path, out_dir: Path, settings: RecoverS
     for flag, value in (("--steps", settings.steps), ("--batch", settings.batch), ("--seq-len", settings.seq_len)):
         if value < 1:
             raise SamoyedsError(f"{flag} must be at least 1, not {value}")
-    _, sparse_config = check_pair(dense_dir, sparse_dir)
+    dense_config, sparse_config = check_pair(dense_dir, sparse_dir)
     check_output_dir(out_dir, force, inputs=(dense_dir, sparse_dir))
+    # the teacher's files and shapes, before transformers loads it (a damaged file there is a traceback)
+    check_against_config(dense_dir, dense_config, architecture_of(dense_config), CheckpointReader(dense_dir))
     quant = sparse_config["quantization_config"]
     parsed = parse_quantization_config(quant)
     pattern = parsed.pattern
@@ -190,15 +219,26 @@ def recover(dense_dir: Path, sparse_dir: Path, out_dir: Path, settings: RecoverS
     work = out_dir.parent / f".{out_dir.name}.recover-state"
     state_dir = work / STATE_DIR
     student_dir = work / "student-init"
-    if not (work / "settings.json").exists():
+    # A rerun resumes only the recovery of the same inputs with the same settings: a state without progress (a run
+    # that failed before its first save) is started again, one with progress of other inputs or settings refused.
+    run = {"settings": asdict(settings), "inputs": _inputs_of(dense_dir, sparse_dir)}
+    saved = _read_json(work / "run.json")
+    if saved != run:
+        if (state_dir / "progress.json").exists():
+            differ = [k for k in ("inputs", "settings") if (saved or {}).get(k) != run[k]] or ["settings"]
+            raise SamoyedsError(
+                f"{work} holds an interrupted recovery of other {' and '.join(differ)} (saved at step "
+                f"{_read_json(state_dir / 'progress.json', {}).get('step', '?')}); remove it, or rerun with the same "
+                "DENSE, SPARSE and settings to resume it"
+            )
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        unpack_to_dense(sparse_dir, student_dir)
-        (work / "settings.json").write_text(json.dumps(asdict(settings), indent=2) + "\n")
-    elif json.loads((work / "settings.json").read_text()) != asdict(settings):
-        raise SamoyedsError(
-            f"{work} holds an interrupted recovery with other settings; remove it or rerun with the same settings"
-        )
+        try:
+            unpack_to_dense(sparse_dir, student_dir)
+        except BaseException:  # nothing to resume: leave nothing behind
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        (work / "run.json").write_text(json.dumps(run, indent=2) + "\n")
 
     accelerator = Accelerator(mixed_precision="bf16" if torch.cuda.is_available() else "no")
     set_seed(settings.seed)

@@ -214,6 +214,17 @@ def test_missing_extra_or_nonfinite_expert_tensors_are_refused(converted, tiny_m
     _, log = run_engine(dense, "--quantization", "samoyeds", expect_ok=False)
     assert "model.layers.0.mlp.experts: the checkpoint has no tensor for expert 3 w2 (weight)" in log
 
+    def cut_dense_expert(tensors, config):  # vLLM copied it into part of its parameter: NaNs, or noise
+        name = "model.layers.0.mlp.experts.2.down_proj.weight"
+        tensors[name] = tensors[name][:, : tensors[name].shape[1] // 2].contiguous()
+
+    dense = rewrite_checkpoint(tiny_models["qwen3_moe"], tmp_path / "dense-cut", cut_dense_expert)
+    _, log = run_engine(dense, "--quantization", "samoyeds", expect_ok=False)
+    assert (
+        "model.layers.0.mlp.experts.2.down_proj.weight is [128, 128] in the checkpoint, but model.layers.0.mlp.experts "
+        "needs [128, 256]" in log
+    )
+
     def add_expert(tensors, config):  # config.json says 8 experts
         tensors["model.layers.1.mlp.experts.8.up_proj.weight_packed"] = tensors[
             "model.layers.1.mlp.experts.7.up_proj.weight_packed"

@@ -102,11 +102,22 @@ def test_interrupted_recovery_resumes_to_the_same_result(pair, tmp_path, monkeyp
         elif not torch.equal(a[name], start[name]):
             moved = (a[name].double() - start[name].double()).norm()
             assert (a[name].double() - b[name].double()).norm() < 0.05 * moved, name
-    # A leftover run of other settings is not resumed by mistake.
-    (tmp_path / ".again.recover-state").mkdir()
-    (tmp_path / ".again.recover-state" / "settings.json").write_text("{}")
-    with pytest.raises(SamoyedsError, match="other settings"):
+    # A leftover run is resumed only for the same inputs and settings: it trained the old student when a rerun
+    # named another SPARSE (convert's output of another model) into the same OUT.
+    calls.clear()
+    monkeypatch.setattr(recover_module, "_distillation_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
         recover(dense, sparse, tmp_path / "again", settings)
+    monkeypatch.setattr(recover_module, "_distillation_loss", real_loss)
+    with pytest.raises(SamoyedsError, match=r"interrupted recovery of other settings \(saved at step 2\)"):
+        recover(dense, sparse, tmp_path / "again", _settings(text, save_every=2, lr=1e-3))
+    other = shutil.copytree(sparse, tmp_path / "other-sparse")
+    with pytest.raises(SamoyedsError, match="interrupted recovery of other inputs"):
+        recover(dense, other, tmp_path / "again", settings)
+    # A state without progress (a run that failed before its first save) is started again.
+    (tmp_path / ".fresh.recover-state").mkdir()
+    (tmp_path / ".fresh.recover-state" / "run.json").write_text("{}")
+    assert [s["step"] for s in recover(dense, other, tmp_path / "fresh", settings)["steps"]] == [1, 2, 3, 4, 5, 6]
 
 
 def test_mismatched_pairs_are_refused(pair, tiny_models, tmp_path):
@@ -136,6 +147,29 @@ def test_mismatched_pairs_are_refused(pair, tiny_models, tmp_path):
         with pytest.raises(SamoyedsError, match="the input directory"):
             recover(dense, sparse, out, _settings(text), force=True)
     assert (dense / "config.json").is_file() and (sparse / "config.json").is_file()
+
+
+def test_damaged_inputs_are_refused_by_name(pair, tmp_path):
+    """A teacher cut short, or a packed tensor of the wrong shape, was a traceback from transformers or from
+    unpacking; both are now refused in convert's words before any training."""
+    from safetensors.torch import load_file, save_file
+
+    dense, sparse, text = pair
+    cut = shutil.copytree(dense, tmp_path / "dense-cut")
+    (shard,) = cut.glob("*.safetensors")
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    with pytest.raises(CheckpointError, match=rf"{shard.name}: corrupted or truncated safetensors file"):
+        recover(cut, sparse, tmp_path / "o", _settings(text))
+    bad = shutil.copytree(sparse, tmp_path / "sparse-bad")
+    (shard,) = bad.glob("*.safetensors")
+    tensors = load_file(shard)
+    name = next(n for n in tensors if n.endswith("experts.2.down_proj.weight_packed"))
+    tensors[name] = tensors[name][:, : tensors[name].shape[1] // 2].contiguous()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(SamoyedsError, match=r"sparse-bad: .*experts.2.down_proj: packed values has shape"):
+        recover(dense, bad, tmp_path / "o", _settings(text))
+    assert not (tmp_path / "o").exists() and not (tmp_path / ".o.recover-state").exists()
 
 
 def test_fp8_values_stay_fp8(pair, tmp_path):
