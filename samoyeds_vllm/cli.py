@@ -388,11 +388,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = _subcommand(sub, "make-model", help="write a Hugging Face MoE model with random weights and a local tokenizer")
-    p.add_argument("--arch", required=True, help="model family: mixtral, qwen2_moe, qwen3_moe, olmoe, ...")
+    p.add_argument(
+        "--arch",
+        required=True,
+        help="model family, as config.json's model_type: mixtral, qwen3_moe, deepseek_v3, ... (an unknown one is "
+        "answered with the whole list)",
+    )
     p.add_argument("--preset", default="tiny", help="'tiny' (a few MB, for tests) or a real shape from configs/models")
-    p.add_argument("--out", required=True, help="output directory (must not exist, unless --force)")
+    p.add_argument("--out", required=True, help="output directory (new or empty, unless --force)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the preset's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     p.add_argument("--layers", type=int, help="keep only the first N decoder layers of the preset")
     p.add_argument(
         "--config-only",
@@ -405,7 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --config-only: mark the config as a packed sparse checkpoint, so vLLM's "
         "load_format=dummy allocates only packed expert weights",
     )
-    p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V for --sparse")
+    p.add_argument(
+        "--segment", type=int, default=None, help="samoyeds segment size V for --sparse: 32, 64 or 128 (default 128)"
+    )
     p.add_argument(
         "--values",
         choices=["fp8"],
@@ -422,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _subcommand(sub, "convert", help="prune and pack a dense MoE checkpoint's experts into a sparse checkpoint")
     p.add_argument("in_dir", help="Hugging Face model directory (safetensors), dense or FP8 block-quantized")
-    p.add_argument("out_dir", help="where to write the sparse checkpoint (must not exist, unless --force)")
+    p.add_argument("out_dir", help="where to write the sparse checkpoint (new or empty, unless --force)")
     p.add_argument("--pattern", required=True, choices=["2:4", "samoyeds"], help="2:4 (50%% sparse) or samoyeds (75%%)")
     p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V: 32, 64 or 128 (default 128)")
     p.add_argument(
@@ -441,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calib-seq-len", type=int, default=2048, help="tokens per calibration window (default 2048)")
     p.add_argument("--calib-split", default="train", help="split of a Hugging Face dataset (default train)")
     p.add_argument("--text-field", default="text", help="the text field of jsonl/parquet records")
-    p.add_argument("--seed", type=int, default=0, help="seed of the calibration windows' choice")
+    p.add_argument("--seed", type=int, default=0, help="seed of the calibration windows' choice (default 0)")
     p.add_argument("--device", help="where calibrated pruning runs (default: cuda if there is a GPU, else cpu)")
     p.add_argument(
         "--values",
@@ -486,15 +493,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence (default 512)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step, per GPU (default 8)")
     p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of AdamW (default 1e-4)")
-    p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature T")
-    p.add_argument("--ce-weight", type=float, default=0.0, help="weight of the next-token loss beside the KL")
+    p.add_argument("--temperature", type=float, default=1.0, help="distillation temperature T (default 1)")
+    p.add_argument(
+        "--ce-weight",
+        type=float,
+        default=0.0,
+        help="weight of the next-token loss beside the KL (default 0: the KL alone)",
+    )
     p.add_argument("--train-non-experts", action="store_true", help="also train attention, norms and routers")
     p.add_argument("--eval-data", help="validation text: perplexity every --eval-every steps, plotted")
     p.add_argument("--eval-every", type=int, default=50, help="steps between validation perplexities")
     p.add_argument("--save-every", type=int, default=50, help="steps between saved states (resume points)")
     p.add_argument("--split", default="train", help="split of a Hugging Face dataset")
     p.add_argument("--text-field", default="text", help="the text field of jsonl/parquet records")
-    p.add_argument("--seed", type=int, default=0, help="seed of the training windows' order")
+    p.add_argument("--seed", type=int, default=0, help="seed of the training windows' order (default 0)")
     p.add_argument("--force", action="store_true", help="replace an existing OUT")
     p.set_defaults(func=_recover)
 
@@ -561,7 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="qwen3-30b-a3b",
         help="a preset of configs/models, made with dummy weights (the tiny-* ones are for CPU checks of the harness)",
     )
-    p.add_argument("--segment", type=int, default=None, help="samoyeds segment size V of the samoyeds variants")
+    p.add_argument(
+        "--segment", type=int, default=None, help="samoyeds segment size V of the samoyeds variants (default 128)"
+    )
     p.add_argument("--out", required=True, help="directory for JSON, markdown, plots and logs")
     p.add_argument(
         "--variants",

@@ -745,7 +745,7 @@ def bench_e2e(
                 # only where several: one-GPU results saved before this key existed still resume
                 **({"gpus": gpus} if gpus > 1 else {}),
             }
-            saved = json.loads(path.read_text()) if path.exists() else {}
+            saved = _read_variant(path) if path.exists() else {}
             if saved and "failed" not in saved and saved.get("settings") != settings:
                 changed = settings_changed(saved.get("settings", {}), settings)
                 print(f"{name}: {path.name} was measured with other settings ({changed}): moved to {set_aside(path)}")
@@ -815,7 +815,7 @@ def report(out: Path) -> dict | None:
     """results.json, results.md and plots from every variant file in OUT; None where OUT holds none."""
     out = Path(out)
     paths = {name: out / f"variant-{name}.json" for name in VARIANTS}
-    variants = {name: json.loads(p.read_text()) for name, p in paths.items() if p.exists()}
+    variants = {name: _read_variant(p) for name, p in paths.items() if p.exists()}
     if not variants:
         return None
     if missing := [name for name in DEFAULT_VARIANTS if name not in variants]:
@@ -834,6 +834,19 @@ def report(out: Path) -> dict | None:
     plot(results, out)
     print(text)
     return results
+
+
+def _read_variant(path: Path) -> dict:
+    """A variant's results as bench e2e wrote them, or an error naming the file (a copy cut short, another tool's)."""
+    try:
+        variant = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SamoyedsError(
+            f"{path}: not readable as bench e2e's results ({e}); remove it or run the variant again"
+        ) from None
+    if not isinstance(variant, dict) or not isinstance(variant.get("settings"), dict):
+        raise SamoyedsError(f"{path}: not bench e2e's results (no settings); remove it or run the variant again")
+    return variant
 
 
 def _kept_failure(text: str, chars: int = 2000) -> str:

@@ -172,10 +172,17 @@ def check_output_dir(out_dir: Path, force: bool, what: str = "output directory",
             raise SamoyedsError(f"{what} {out_dir} is inside the input directory {source}; write the output elsewhere")
         if source.is_relative_to(out):
             raise SamoyedsError(f"{what} {out_dir} holds the input directory {source}; write the output elsewhere")
+    place = out.parent  # the nearest folder that exists: a file there failed at the end, with a traceback
+    while not place.exists():
+        place = place.parent
+    if not place.is_dir():
+        raise SamoyedsError(f"{what} {out_dir}: {place} is a file, not a folder")
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise SamoyedsError(f"{what} {out_dir}: this user cannot write in {place}")
     if out.parent.is_dir() and any(out.parent.glob(_REPLACED.format(name=out.name))):
         with _output_lock(out):  # a previous output a stopped run had moved aside: back first, then judged as one
             _remove_stale_partials(out)
-    if out_dir.exists():
+    if out_dir.exists() and not _empty_folder(out_dir):  # an empty one (made beforehand) holds nothing to lose
         if not force:
             raise SamoyedsError(f"{what} {out_dir} already exists; choose another path or pass --force to replace it")
         if not out_dir.is_dir():
@@ -185,6 +192,10 @@ def check_output_dir(out_dir: Path, force: bool, what: str = "output directory",
                 f"{what} {out_dir} is not empty and holds no config.json, so it does not look "
                 "like a model; not replacing it"
             )
+
+
+def _empty_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
 
 
 def _tree_bytes(path: Path) -> int:
@@ -281,7 +292,7 @@ def staged_dirs(*targets: Path, replace: bool = False) -> Iterator[list[Path]]:
                 staged[-1].chmod(_DIR_MODE)
             yield staged
             for target in targets:
-                if target.exists() and not replace:
+                if target.exists() and not replace and not _empty_folder(target):
                     raise SamoyedsError(f"{target} appeared while this run was writing it; not replacing it")
         except BaseException:
             for tmp in staged:

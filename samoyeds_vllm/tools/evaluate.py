@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SamoyedsError
+from ..format.shards import open_shard, shard_files
 from .architectures import text_config
 from .checkpoint_io import read_config
 from .text_data import load_documents, separator_id, tokenize_documents
@@ -194,6 +195,9 @@ def evaluate(
             raise SamoyedsError(f"{name} wants a positive number of tokens, not {value}")
     model = str(model)
     config = read_config(Path(model))
+    if not server:  # a damaged weights file is refused by name here, not in the log of an engine that did not start
+        for path in shard_files(Path(model)):
+            open_shard(path)
     context = int(text_config(config).get("max_position_embeddings") or DEFAULT_WINDOW + 1)
     if server:
         if engine_flags:

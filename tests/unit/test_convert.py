@@ -373,6 +373,15 @@ def test_existing_output_needs_force(tiny_models, tmp_path):
         convert(tiny_models["olmoe"], out, SAMOYEDS, progress=False)
     with pytest.raises(SamoyedsError, match="does not look like a model; not replacing it"):
         convert(tiny_models["olmoe"], out, SAMOYEDS, force=True, progress=False)
+    # From a fourth walk: a folder made beforehand, still empty, is taken without --force; an output under a file
+    # failed at the end with a FileExistsError traceback
+    empty = tmp_path / "made-beforehand"
+    empty.mkdir()
+    convert(tiny_models["olmoe"], empty, SAMOYEDS, progress=False)
+    assert (empty / "config.json").is_file() and leftovers(tmp_path) == []
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SamoyedsError, match=r"a-file/sub: .*a-file is a file, not a folder"):
+        convert(tiny_models["olmoe"], tmp_path / "a-file" / "sub", SAMOYEDS, progress=False)
     assert (out / "keep.txt").read_text() == "mine"
     (out / "config.json").write_text("{}")  # an earlier model: --force replaces it
     convert(tiny_models["olmoe"], out, SAMOYEDS, force=True, progress=False)

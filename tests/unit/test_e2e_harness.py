@@ -205,6 +205,13 @@ def test_report_of_an_output_without_results_fails(tmp_path, capsys):
     assert main(["bench", "e2e", "--report", "--out", str(tmp_path)]) == 2
     assert "holds no variant-*.json" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+    # a results file cut short, or another tool's: a traceback before
+    (tmp_path / "variant-samoyeds.json").write_text('{"x":')
+    assert main(["bench", "e2e", "--report", "--out", str(tmp_path)]) == 2
+    assert "variant-samoyeds.json: not readable as bench e2e's results" in capsys.readouterr().err
+    (tmp_path / "variant-samoyeds.json").write_text('{"variant": "samoyeds"}')
+    assert main(["bench", "e2e", "--report", "--out", str(tmp_path)]) == 2
+    assert "variant-samoyeds.json: not bench e2e's results (no settings)" in capsys.readouterr().err
 
 
 def test_an_unknown_model_is_refused_before_out_is_made(tmp_path, capsys):

@@ -84,3 +84,24 @@ def test_eval_refuses_bad_numbers_and_outputs_before_any_work(tiny_models, tmp_p
     monkeypatch.setattr(evaluate_module, "evaluate", stop)
     assert cli.main(["eval", model, "--data", data, "--engine-args", "--enforce-eager"]) == 2
     assert seen["engine_flags"] == ["--enforce-eager"]
+
+
+def test_eval_refuses_a_damaged_checkpoint_by_name_before_the_engine(tiny_models, tmp_path, capsys, monkeypatch):
+    """From a fourth walk: a weights file cut short failed 45 s later in the engine's log ("incomplete metadata",
+    no file named), or inside a pydantic traceback for a sparse model; eval now says it in convert's words."""
+    import shutil
+
+    from samoyeds_vllm import cli
+    from samoyeds_vllm.tools import evaluate as evaluate_module
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("no engine may start")
+
+    monkeypatch.setattr(evaluate_module, "_engine", no_engine)
+    model = shutil.copytree(tiny_models["qwen3_moe"], tmp_path / "model")
+    (shard,) = model.glob("*.safetensors")
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    (tmp_path / "text.txt").write_text("some text to score")
+    assert cli.main(["eval", str(model), "--data", str(tmp_path / "text.txt")]) == 2
+    assert f"{shard.name}: corrupted or truncated safetensors file" in capsys.readouterr().err
