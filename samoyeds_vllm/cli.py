@@ -353,6 +353,10 @@ def _fit(args: argparse.Namespace) -> None:
         + (" from this FP8 one (its other projections stay FP8)" if from_fp8 else "")
         + "; sparsifying on load first holds the dense experts, so the dense form must fit too."
     )
+    quant = config.get("quantization_config") or {}
+    if quant.get("quant_method") == "samoyeds" and "format_version" in quant:  # every form counts the dense shapes
+        form = ("2of4" if quant.get("pattern") == "2:4" else "samoyeds") + ("-fp8" if quant.get("values") else "")
+        print(f"{args.model} is converted already: it is the {form} row; the others are the forms of its dense model.")
     header = f"{'form':<14} {'stored as':<28} {'weights GiB':>12} {'KV GiB':>8} {'KV tokens':>11}"
     print(f"{header} concurrency at {args.seq_len} tokens")
     for fit in fits:

@@ -129,6 +129,14 @@ def test_fit_prints_each_form_and_refuses_bad_input(tmp_path, capsys):
     model = make_model("qwen3_moe", "tiny", tmp_path / "fp8", config_only=True, fp8_block=True)
     assert main(["fit", str(model), "--forms", "samoyeds-fp8"]) == 0
     assert "from this FP8 one (its other projections stay FP8)" in capsys.readouterr().out
+    converted = tmp_path / "converted"  # from a walk: a converted checkpoint was listed as if it were dense
+    converted.mkdir()
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "samoyeds", "format_version": 2, "pattern": "2:4",
+                                     "values": "float8_e4m3fn", "scale": "channel"}  # fmt: skip
+    (converted / "config.json").write_text(json.dumps(config))
+    assert main(["fit", str(converted)]) == 0
+    assert "is converted already: it is the 2of4-fp8 row" in capsys.readouterr().out
     short = tmp_path / "short"  # a config.json cut short
     short.mkdir()
     (short / "config.json").write_text('{"model_type": "qwen3_moe", "num_experts": 8}')
