@@ -41,16 +41,12 @@ def _output_file(text: str | None, option: str = "--json") -> Path | None:
     failed only then, with a traceback, on a folder or a path through a file."""
     if text is None:
         return None
+    from .tools.checkpoint_io import check_writable_place
+
     path = Path(text)
     if path.is_dir():
         raise SamoyedsError(f"{option} {path}: a folder, not a file")
-    folder = path.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise SamoyedsError(f"{option} {path}: {folder} is a file, not a folder")
-    if not os.access(folder, os.W_OK):
-        raise SamoyedsError(f"{option} {path}: cannot write in {folder}")
+    check_writable_place(path, option)
     return path
 
 
@@ -324,7 +320,8 @@ def _bench_e2e(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    from .tools.memory import FORMS, GIB, GPU_BYTES, default_overhead_gib, kv_bytes_per_token, plan
+    from .format import QUANT_METHOD, parse_quantization_config
+    from .tools.memory import FORMS, GIB, GPU_BYTES, ModelForm, default_overhead_gib, kv_bytes_per_token, plan
 
     config, from_fp8 = _model_config(args.model)
     gpu = args.gpu.lower()
@@ -354,8 +351,10 @@ def _fit(args: argparse.Namespace) -> None:
         + "; sparsifying on load first holds the dense experts, so the dense form must fit too."
     )
     quant = config.get("quantization_config") or {}
-    if quant.get("quant_method") == "samoyeds" and "format_version" in quant:  # every form counts the dense shapes
-        form = ("2of4" if quant.get("pattern") == "2:4" else "samoyeds") + ("-fp8" if quant.get("values") else "")
+    if quant.get("quant_method") == QUANT_METHOD and "format_version" in quant:  # every form counts the dense shapes
+        parsed = parse_quantization_config(quant)
+        stored = ModelForm(parsed.pattern.name, fp8=parsed.values is not None)
+        form = next(name for name, f in FORMS.items() if f == stored)
         print(f"{args.model} is converted already: it is the {form} row; the others are the forms of its dense model.")
     header = f"{'form':<14} {'stored as':<28} {'weights GiB':>12} {'KV GiB':>8} {'KV tokens':>11}"
     print(f"{header} concurrency at {args.seq_len} tokens")

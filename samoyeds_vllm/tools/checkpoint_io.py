@@ -172,13 +172,7 @@ def check_output_dir(out_dir: Path, force: bool, what: str = "output directory",
             raise SamoyedsError(f"{what} {out_dir} is inside the input directory {source}; write the output elsewhere")
         if source.is_relative_to(out):
             raise SamoyedsError(f"{what} {out_dir} holds the input directory {source}; write the output elsewhere")
-    place = out.parent  # the nearest folder that exists: a file there failed at the end, with a traceback
-    while not place.exists():
-        place = place.parent
-    if not place.is_dir():
-        raise SamoyedsError(f"{what} {out_dir}: {place} is a file, not a folder")
-    if not os.access(place, os.W_OK | os.X_OK):
-        raise SamoyedsError(f"{what} {out_dir}: this user cannot write in {place}")
+    check_writable_place(out_dir, what)
     if out.parent.is_dir() and any(out.parent.glob(_REPLACED.format(name=out.name))):
         with _output_lock(out):  # a previous output a stopped run had moved aside: back first, then judged as one
             _remove_stale_partials(out)
@@ -192,6 +186,24 @@ def check_output_dir(out_dir: Path, force: bool, what: str = "output directory",
                 f"{what} {out_dir} is not empty and holds no config.json, so it does not look "
                 "like a model; not replacing it"
             )
+
+
+def nearest_existing(path: Path) -> Path:
+    """What exists nearest above `path` (made absolute): where writing it starts."""
+    place = Path(os.path.abspath(path)).parent
+    while not place.exists():
+        place = place.parent
+    return place
+
+
+def check_writable_place(path: Path, what: str) -> None:
+    """Refuse, before any work, a `path` to write whose nearest existing parent is a file or a folder this user
+    cannot write in: it failed only at the end, with a traceback."""
+    place = nearest_existing(path)
+    if not place.is_dir():
+        raise SamoyedsError(f"{what} {path}: {place} is a file, not a folder")
+    if not os.access(place, os.W_OK | os.X_OK):
+        raise SamoyedsError(f"{what} {path}: cannot write in {place}")
 
 
 def _empty_folder(path: Path) -> bool:
@@ -209,9 +221,7 @@ def check_free_space(needs: dict[Path, int], what: str) -> None:
     by_device: dict[int, tuple[Path, int, int]] = {}
     for target, size in needs.items():
         target = Path(os.path.abspath(target))
-        place = target.parent
-        while not place.exists():
-            place = place.parent
+        place = nearest_existing(target)
         stale = sum(_tree_bytes(p) for pattern in _STALE for p in place.glob(pattern.format(name=target.name)))
         device = place.stat().st_dev
         first, total, freed = by_device.get(device, (place, 0, 0))
