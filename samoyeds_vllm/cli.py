@@ -362,9 +362,13 @@ def _fit(args: argparse.Namespace) -> None:
         if fit.weights_gib is None:
             print(f"{fit.name:<14} {fit.form.describe(args.segment):<28} refused: {fit.reason}")
             continue
-        room = f"{fit.sequences:.1f}x" if fit.fits else "does not fit"  # vLLM's "Maximum concurrency"
-        print(f"{fit.name:<14} {fit.form.describe(args.segment):<28} {fit.weights_gib:>12.2f} {fit.kv_gib:>8.2f} "
-              f"{fit.kv_tokens:>11,} {room}")  # fmt: skip
+        row = f"{fit.name:<14} {fit.form.describe(args.segment):<28} {fit.weights_gib:>12.2f}"
+        if fit.fits:  # the concurrency as vLLM's "Maximum concurrency" says it
+            print(f"{row} {fit.kv_gib:>8.2f} {fit.kv_tokens:>11,} {fit.sequences:.1f}x")
+        elif fit.kv_gib < 0:  # the weights and the overhead alone are over: by how much, not a negative cache
+            print(f"{row} {'-':>8} {'-':>11} does not fit ({-fit.kv_gib:.2f} GiB short)")
+        else:  # vLLM refuses to start without room for one sequence of the model's length
+            print(f"{row} {fit.kv_gib:>8.2f} {fit.kv_tokens:>11,} does not fit (not one {args.seq_len}-token sequence)")
     if all(fit.weights_gib is None for fit in fits):
         raise SamoyedsError(f"no form of {args.model} runs on {args.tensor_parallel_size} GPUs (the reasons above)")
 
@@ -662,13 +666,14 @@ def _versions() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(_joined_flag_lines(sys.argv[1:] if argv is None else list(argv)))
     signal.signal(signal.SIGTERM, _raise_exit)
+    command = " ".join(filter(None, (args.command, getattr(args, "bench", None))))  # "bench moe", not "bench"
     try:
         args.func(args)
     except SamoyedsError as e:
-        print(f"samoyeds-vllm {args.command}: error: {e}", file=sys.stderr)
+        print(f"samoyeds-vllm {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"samoyeds-vllm {args.command}: interrupted; nothing was written", file=sys.stderr)
+        print(f"samoyeds-vllm {command}: interrupted; nothing was written", file=sys.stderr)
         return 130
     return 0
 

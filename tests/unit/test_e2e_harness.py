@@ -201,7 +201,8 @@ def test_api_servers_must_be_a_number_of_processes(tmp_path, capsys):
 def test_report_of_an_output_without_results_fails(tmp_path, capsys):
     """`--report` on a folder no run wrote into (a mistyped OUT) said so and exited 0, as if it had compared."""
     assert main(["bench", "e2e", "--report", "--out", str(tmp_path / "missing")]) == 2
-    assert "is not a folder" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("samoyeds-vllm bench e2e: error: ") and "is not a folder" in err
     assert main(["bench", "e2e", "--report", "--out", str(tmp_path)]) == 2
     assert "holds no variant-*.json" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())

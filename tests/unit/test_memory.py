@@ -126,6 +126,9 @@ def test_fit_prints_each_form_and_refuses_bad_input(tmp_path, capsys):
     assert list(rows) == list(FORMS)
     assert "does not fit" in rows["dense-fp8"] and "does not fit" not in rows["samoyeds-fp8"]
     assert rows["samoyeds-fp8"].endswith("x")  # a concurrency, as vLLM's "Maximum concurrency" says it
+    assert rows["dense-fp8"].split()[-3:] == ["(97.85", "GiB", "short)"]  # not a negative KV cache
+    assert main(["fit", "qwen3-235b-a22b", "--gpu", "96.5", "--forms", "samoyeds-fp8"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("3,975 does not fit (not one 4096-token sequence)")
     model = make_model("qwen3_moe", "tiny", tmp_path / "fp8", config_only=True, fp8_block=True)
     assert main(["fit", str(model), "--forms", "samoyeds-fp8"]) == 0
     assert "from this FP8 one (its other projections stay FP8)" in capsys.readouterr().out
