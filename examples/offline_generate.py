@@ -1,8 +1,8 @@
 """Offline batched generation with vLLM on a samoyeds sparse MoE model.
 
-    python examples/offline_generate.py MODEL_DIR [--prompt TEXT ...] [--max-tokens N] [--compile]
-        [--quantization samoyeds] [--hf-overrides JSON] [--compilation-config JSON] [--language-model-only]
-        [--json-out FILE]
+    python examples/offline_generate.py MODEL_DIR [--prompt TEXT ...] [--max-tokens N] [--dtype DTYPE] [--compile]
+        [--quantization samoyeds] [--hf-overrides JSON] [--load-format dummy] [--tensor-parallel-size N]
+        [--enable-expert-parallel] [--compilation-config JSON] [--language-model-only] [--json-out FILE]
 
 MODEL_DIR is a checkpoint from `samoyeds-vllm convert` (vLLM picks the samoyeds method from its config.json), or a
 dense one with `--quantization samoyeds` to sparsify on load. Greedy decoding, so runs are reproducible; the tests

@@ -1,11 +1,14 @@
 """Serve samoyeds sparse MoE models with `vllm serve` and query them through the OpenAI client.
 
-    python examples/serve_and_query.py MODEL_DIR [MODEL_DIR ...] [--eval-data TEXT] [-- extra vllm serve arguments]
+    python examples/serve_and_query.py MODEL_DIR [MODEL_DIR ...] [--eval-data TEXT] [--eval-tokens N]
+        [--eval-window N] [-- extra vllm serve arguments]
 
 Serves each model in turn on a free local port, sends the same completions and a chat completion, stops the
 server, and prints the answers side by side (a dense model next to its sparse conversion, say). With --eval-data,
 each served model's perplexity on that text comes first, measured by `samoyeds-vllm eval` through the same server.
 vLLM picks the samoyeds method from a converted checkpoint's config.json: `vllm serve MODEL_DIR` needs no flag.
+Each server's log goes to vllm-serve-*.log in the current folder. On a CPU the servers get a KV cache of 1 GiB
+(VLLM_CPU_KVCACHE_SPACE) and 0.3 of the RAM: vLLM's CPU default takes most of the machine's memory.
 """
 
 import argparse
@@ -13,7 +16,9 @@ import sys
 
 from openai import OpenAI
 
+from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.tools.evaluate import evaluate
+from samoyeds_vllm.tools.text_data import load_documents
 from samoyeds_vllm.tools.vllm_server import VllmServer
 
 PROMPTS = ["Return a new", "This module provides", "The quick brown fox"]
@@ -57,7 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="+", metavar="MODEL_DIR")
     parser.add_argument("--eval-data", help="text to measure each model's perplexity on (a samoyeds-vllm eval SOURCE)")
-    parser.add_argument("--eval-tokens", type=int, default=8192, help="score whole documents up to this many tokens")
+    parser.add_argument("--eval-tokens", type=int, default=8192, help="score the text up to this many tokens")
     parser.add_argument("--eval-window", type=int, help="tokens per scored window (default: eval's)")
     options, extra = parser.parse_args(sys.argv[1:split]), sys.argv[split + 1 :]
     try:
@@ -67,7 +72,12 @@ def main() -> None:
     except ImportError:
         on_cpu = True
     args = ["--max-model-len", "1024", *(["--gpu-memory-utilization", "0.3"] if on_cpu else []), *extra]
-    results = {model: query(model, args, options) for model in options.models}
+    try:
+        if options.eval_data:  # a missing or empty text said now, not after the first server has started
+            load_documents(options.eval_data)
+        results = {model: query(model, args, options) for model in options.models}
+    except SamoyedsError as e:
+        sys.exit(f"serve_and_query: error: {e}")
 
     def name(model: str) -> str:
         return model.rstrip("/").rsplit("/", 1)[-1]

@@ -107,18 +107,18 @@ def _convert(args: argparse.Namespace) -> None:
 
         calibration_device(args.device)
     calibration = None
+    # Calibration's own defaults stand for the flags left out; one given without --calib-data would be ignored
+    sizing = {"samples": args.calib_samples, "seq_len": args.calib_seq_len, "seed": args.seed,
+              "split": args.calib_split, "text_field": args.text_field}  # fmt: skip
     if args.calib_data is not None:
         from .tools.calibration import Calibration
 
-        calibration = Calibration(
-            data=args.calib_data,
-            samples=args.calib_samples,
-            seq_len=args.calib_seq_len,
-            seed=args.seed,
-            split=args.calib_split,
-            text_field=args.text_field,
-            device=args.device,
-        )
+        given = {name: value for name, value in sizing.items() if value is not None}
+        calibration = Calibration(data=args.calib_data, device=args.device, **given)
+    elif any(value is not None for value in sizing.values()):
+        flags = ("--calib-samples", "--calib-seq-len", "--seed", "--calib-split", "--text-field")
+        named = ", ".join(flag for flag, value in zip(flags, sizing.values(), strict=True) if value is not None)
+        raise SamoyedsError(f"{named}: calibration settings, which apply with --calib-data (--method wanda, sparsegpt)")
     report = convert(
         Path(args.in_dir),
         Path(args.out_dir),
@@ -451,11 +451,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="calibration text for wanda / sparsegpt: text/jsonl/parquet file, a directory of them, or a Hugging "
         "Face dataset NAME[:CONFIG]",
     )
-    p.add_argument("--calib-samples", type=int, default=128, help="calibration windows (default 128)")
-    p.add_argument("--calib-seq-len", type=int, default=2048, help="tokens per calibration window (default 2048)")
-    p.add_argument("--calib-split", default="train", help="split of a Hugging Face dataset (default train)")
-    p.add_argument("--text-field", default="text", help="the text field of jsonl/parquet records")
-    p.add_argument("--seed", type=int, default=0, help="seed of the calibration windows' choice (default 0)")
+    p.add_argument("--calib-samples", type=int, help="calibration windows (default 128)")
+    p.add_argument("--calib-seq-len", type=int, help="tokens per calibration window (default 2048)")
+    p.add_argument("--calib-split", help="split of a Hugging Face dataset (default train)")
+    p.add_argument("--text-field", help="the text field of jsonl/parquet records (default text)")
+    p.add_argument("--seed", type=int, help="seed of the calibration windows' choice (default 0)")
     p.add_argument("--device", help="where calibrated pruning runs (default: cuda if there is a GPU, else cpu)")
     p.add_argument(
         "--values",
@@ -485,7 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-field", default="text", help="the text field of jsonl/parquet records")
     p.add_argument("--window", type=int, help="tokens per scored window (default 1024, or the model's context)")
     p.add_argument("--stride", type=int, help="tokens a window advances (default window/2)")
-    p.add_argument("--max-tokens", type=int, help="score whole documents, in order, until this many tokens")
+    p.add_argument(
+        "--max-tokens", type=int, help="score the documents, in order, up to this many tokens (default: all)"
+    )
     p.add_argument("--engine-args", default="", help='vLLM engine flags, quoted (e.g. "--dtype float32")')
     p.add_argument("--server", metavar="URL", help="score with a running `vllm serve MODEL` at URL, not a new engine")
     p.add_argument("--json", help="write the result here")
@@ -589,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="dense,dense-fp8,samoyeds,samoyeds-fp8",
         help="which to run now, of dense, dense-fp8 (vLLM's FP8 MoE, its default kernels), dense-fp8-deepgemm, "
         "samoyeds, samoyeds-fp8, 2of4, 2of4-fp8; results accumulate in OUT (a run cut short resumes), and the "
-        "comparison covers every variant there",
+        "comparison covers every variant there (default: %(default)s)",
     )
     p.add_argument("--stages", default="offline,serving,capacity", help="which measurements, comma-separated")
     p.add_argument("--mixes", default="128:128,1024:256,4096:64", help="offline INPUT:OUTPUT token mixes")

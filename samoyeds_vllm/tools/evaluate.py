@@ -185,14 +185,14 @@ def evaluate(
     engine_flags: list[str] = (),
     server: str | None = None,
 ) -> EvalResult:
-    """Score `data` (a text_data SOURCE) with the model served by vLLM. `max_tokens` keeps whole documents, in
-    order, until that many tokens are reached. `engine_flags` are `vllm serve` engine flags for a new engine;
+    """Score `data` (a text_data SOURCE) with the model served by vLLM. `max_tokens` keeps the documents, in order,
+    up to that many tokens, the last one cut there. `engine_flags` are `vllm serve` engine flags for a new engine;
     `server` is instead the URL of a running `vllm serve` of `model`, which then scores."""
     from transformers import AutoTokenizer
 
-    for name, value in (("window", window), ("stride", stride), ("max_tokens", max_tokens)):
+    for flag, value in (("--window", window), ("--stride", stride), ("--max-tokens", max_tokens)):
         if value is not None and value < 1:
-            raise SamoyedsError(f"{name} wants a positive number of tokens, not {value}")
+            raise SamoyedsError(f"{flag} wants a positive number of tokens, not {value}")
     model = str(model)
     config = read_config(Path(model))
     if not server:  # a damaged weights file is refused by name here, not in the log of an engine that did not start
@@ -219,6 +219,10 @@ def evaluate(
     for doc_ids, doc_bytes in zip(tokenized.ids, tokenized.num_bytes, strict=True):
         if not doc_ids:
             continue
+        left = max_tokens - sum(map(len, ids)) if max_tokens is not None else len(doc_ids)
+        if left < len(doc_ids):  # the cap falls inside this document (a plain-text file is one): score its start
+            doc_ids = doc_ids[:left]
+            doc_bytes = len(tokenizer.decode(doc_ids).encode("utf-8"))
         ids.append(doc_ids)
         num_bytes.append(doc_bytes)
         if max_tokens is not None and sum(map(len, ids)) >= max_tokens:

@@ -437,6 +437,9 @@ def test_cli_reports_errors_without_traceback(tiny_models, tmp_path):
     for device, words in [("banana", "not a device; give cpu, cuda or cuda:N"), ("cuda:7", "CUDA GPU")]:
         bad = subprocess.run(cli + olmoe + ["--device", device], capture_output=True, text=True)
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    bad = subprocess.run(cli + olmoe + ["--calib-samples", "4", "--seed", "1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr  # magnitude ran and ignored them
+    assert "--calib-samples, --seed: calibration settings, which apply with --calib-data" in bad.stderr
     ok = subprocess.run(cli + olmoe, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "sparsity" in ok.stdout and "75.00%" in ok.stdout

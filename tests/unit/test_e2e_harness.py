@@ -669,3 +669,17 @@ def test_the_report_says_how_a_served_level_was_timed(harness):
     median = "untimed round of as many; each level the median of three timed rounds (harness 5)."
     assert (median in text) is (harness == 5)
     assert harness == 5 or "untimed round of as many." in text
+
+
+@pytest.mark.parametrize("device, hint", [("CPU: x", "dense not measured"), ("GPU X", "dense, dense-fp8 not measured")])
+def test_the_report_suggests_only_variants_the_device_runs(tmp_path, monkeypatch, capsys, device, hint):
+    """From a walk: a CPU run's report suggested `--variants dense,dense-fp8,...`, and dense-fp8 needs a GPU."""
+    from samoyeds_vllm.bench import e2e
+
+    monkeypatch.setattr(e2e, "environment", lambda: {"device": device, "vllm": "0.26.0", "torch": "2.11.0"})
+    monkeypatch.setattr(e2e, "gpu_memory_used", lambda: [])
+    monkeypatch.setattr(e2e, "run_variant", lambda variant, model, work, out, *rest: None)
+    for variant in ("samoyeds", "samoyeds-fp8"):
+        e2e.bench_e2e("tiny-qwen3_moe", tmp_path, Workload(concurrencies=(1,)), (variant,))
+    out = capsys.readouterr().out
+    assert f"{hint} in {tmp_path}" in out, out

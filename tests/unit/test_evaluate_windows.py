@@ -65,9 +65,9 @@ def test_eval_refuses_bad_numbers_and_outputs_before_any_work(tiny_models, tmp_p
     model, data = str(tiny_models["qwen3_moe"]), str(tmp_path / "text.txt")
     (tmp_path / "text.txt").write_text("some text to score")
     for flags, message in [
-        (["--window", "0"], "window wants a positive number of tokens, not 0"),
-        (["--stride", "0"], "stride wants a positive number of tokens, not 0"),
-        (["--max-tokens", "-3"], "max_tokens wants a positive number of tokens, not -3"),
+        (["--window", "0"], "--window wants a positive number of tokens, not 0"),
+        (["--stride", "0"], "--stride wants a positive number of tokens, not 0"),
+        (["--max-tokens", "-3"], "--max-tokens wants a positive number of tokens, not -3"),
         (["--json", data + "/out.json"], "text.txt is a file, not a folder"),
         (["--json", str(tmp_path)], "a folder, not a file"),
         (["--engine-args", '"unbalanced'], "--engine-args '\"unbalanced': No closing quotation"),
@@ -105,3 +105,21 @@ def test_eval_refuses_a_damaged_checkpoint_by_name_before_the_engine(tiny_models
     (tmp_path / "text.txt").write_text("some text to score")
     assert cli.main(["eval", str(model), "--data", str(tmp_path / "text.txt")]) == 2
     assert f"{shard.name}: corrupted or truncated safetensors file" in capsys.readouterr().err
+
+
+def test_max_tokens_cuts_the_last_document(tiny_models, tmp_path, monkeypatch):
+    """From a walk: a plain-text file is one document, and --max-tokens 4096 scored all 166,733 of its tokens."""
+    from samoyeds_vllm.tools import evaluate as evaluate_module
+
+    monkeypatch.setattr(evaluate_module, "_engine", lambda *args: None)
+    monkeypatch.setattr(
+        evaluate_module, "_engine_logprobs", lambda llm, requests: [[-1.0] * w.scored for w in requests]
+    )
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    model = tiny_models["qwen3_moe"]
+    whole = evaluate_module.evaluate(model, str(text), window=64)
+    assert whole.tokens > 300
+    cut = evaluate_module.evaluate(model, str(text), window=64, max_tokens=300)
+    assert (cut.documents, cut.tokens, cut.nll) == (1, 300, 300.0)
+    assert 0 < cut.bytes < whole.bytes * 300 / whole.tokens * 1.2  # the bytes of the scored start, not the file's
