@@ -107,18 +107,20 @@ def _convert(args: argparse.Namespace) -> None:
 
         calibration_device(args.device)
     calibration = None
-    # Calibration's own defaults stand for the flags left out; one given without --calib-data would be ignored
-    sizing = {"samples": args.calib_samples, "seq_len": args.calib_seq_len, "seed": args.seed,
-              "split": args.calib_split, "text_field": args.text_field}  # fmt: skip
+    # The calibration flags given (Calibration's own defaults stand for the others); without --calib-data they would
+    # be ignored
+    settings = {"--calib-samples": ("samples", args.calib_samples), "--calib-seq-len": ("seq_len", args.calib_seq_len),
+                "--seed": ("seed", args.seed), "--calib-split": ("split", args.calib_split),
+                "--text-field": ("text_field", args.text_field)}  # fmt: skip
+    given = {flag: setting for flag, setting in settings.items() if setting[1] is not None}
     if args.calib_data is not None:
         from .tools.calibration import Calibration
 
-        given = {name: value for name, value in sizing.items() if value is not None}
-        calibration = Calibration(data=args.calib_data, device=args.device, **given)
-    elif any(value is not None for value in sizing.values()):
-        flags = ("--calib-samples", "--calib-seq-len", "--seed", "--calib-split", "--text-field")
-        named = ", ".join(flag for flag, value in zip(flags, sizing.values(), strict=True) if value is not None)
-        raise SamoyedsError(f"{named}: calibration settings, which apply with --calib-data (--method wanda, sparsegpt)")
+        calibration = Calibration(data=args.calib_data, device=args.device, **dict(given.values()))
+    elif given:
+        raise SamoyedsError(
+            f"{', '.join(given)}: calibration settings, which apply with --calib-data (--method wanda, sparsegpt)"
+        )
     report = convert(
         Path(args.in_dir),
         Path(args.out_dir),

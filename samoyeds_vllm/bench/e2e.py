@@ -819,8 +819,8 @@ def report(out: Path) -> dict | None:
     if not variants:
         return None
     on_cpu = all(str(v["settings"].get("device")).startswith("CPU") for v in variants.values())
-    missing = [name for name in DEFAULT_VARIANTS if name not in variants]
-    if missing := [name for name in missing if not (on_cpu and VARIANTS[name].model.needs_cuda)]:  # runnable there
+    runnable = [name for name in DEFAULT_VARIANTS if not (on_cpu and VARIANTS[name].model.needs_cuda)]
+    if missing := [name for name in runnable if name not in variants]:
         print(f"{', '.join(missing)} not measured in {out}: `bench e2e --variants {','.join(missing)}` adds them")
     common = {name: {k: v["settings"].get(k) for k in COMMON_SETTINGS} for name, v in variants.items()}
     if len({json.dumps(c, sort_keys=True) for c in common.values()}) > 1:

@@ -215,17 +215,18 @@ def evaluate(
 
     docs = load_documents(data, split=split, text_field=text_field)
     tokenized = tokenize_documents(tokenizer, docs)
-    ids, num_bytes = [], []
+    ids, num_bytes, kept = [], [], 0
     for doc_ids, doc_bytes in zip(tokenized.ids, tokenized.num_bytes, strict=True):
         if not doc_ids:
             continue
-        left = max_tokens - sum(map(len, ids)) if max_tokens is not None else len(doc_ids)
-        if left < len(doc_ids):  # the cap falls inside this document (a plain-text file is one): score its start
-            doc_ids = doc_ids[:left]
+        if max_tokens is not None and kept + len(doc_ids) > max_tokens:
+            # the cap falls inside this document (a plain-text file is one): score its start
+            doc_ids = doc_ids[: max_tokens - kept]
             doc_bytes = len(tokenizer.decode(doc_ids).encode("utf-8"))
         ids.append(doc_ids)
         num_bytes.append(doc_bytes)
-        if max_tokens is not None and sum(map(len, ids)) >= max_tokens:
+        kept += len(doc_ids)
+        if max_tokens is not None and kept >= max_tokens:
             break
     sep = separator_id(tokenizer)
     requests = [w for doc in ids for w in windows(doc, sep, window, stride)]
