@@ -1,21 +1,26 @@
 """Teach a tiny random MoE some English on a CPU in about a minute, so a demo prints words instead of noise.
 
     python examples/train_tiny_moe.py write-text TEXT_DIR     # TEXT_DIR/train and TEXT_DIR/heldout
-    python examples/train_tiny_moe.py train MODEL_IN MODEL_OUT --data TEXT_DIR/train [--seconds 60]
+    python examples/train_tiny_moe.py train MODEL_IN MODEL_OUT --data TEXT_DIR/train [--seconds 60] [--steps N] \
+        [--seed 0] [--force]
 
 The text is what ships with Python: the docstrings of standard-library modules, their classes and functions. The
 held-out text is other modules' docstrings, less any the training text also has, so a perplexity on it measures
 what the model learnt rather than what it memorised. The model keeps its architecture and tokenizer (`samoyeds-vllm
 make-model`); AdamW trains it on 128-token windows until the time is up, and MODEL_OUT is an ordinary Hugging Face
-checkpoint.
+checkpoint, written whole or not at all; an existing MODEL_OUT is replaced only with --force, and only if it is a
+model.
 """
 
 import argparse
 import importlib
 import time
+import warnings
 from pathlib import Path
 
 import torch
+
+from samoyeds_vllm.errors import SamoyedsError
 
 MODULES = (
     "abc argparse base64 bisect calendar collections contextlib copy csv dataclasses datetime decimal difflib enum "
@@ -29,7 +34,9 @@ HELD_OUT_MODULES = "ast codecs configparser fnmatch numbers optparse sched selec
 def docstrings(name: str) -> list[str]:
     """The distinct docstrings of a module and its attributes, stripped, in a stable order."""
     module = importlib.import_module(name)
-    docs = [module.__doc__] + [getattr(getattr(module, a, None), "__doc__", None) for a in sorted(dir(module))]
+    with warnings.catch_warnings():  # some attributes warn when read (typing.re on Python 3.11): not ours to act on
+        warnings.simplefilter("ignore", DeprecationWarning)
+        docs = [module.__doc__] + [getattr(getattr(module, a, None), "__doc__", None) for a in sorted(dir(module))]
     return list(dict.fromkeys(d.strip() for d in docs if isinstance(d, str) and d.strip()))
 
 
@@ -46,10 +53,15 @@ def write_text(out: Path) -> None:
             (out / part / f"{name}.txt").write_text("\n\n".join(docs) + "\n")
 
 
-def train(model_in: Path, model_out: Path, data: Path, seconds: float, seed: int, steps: int | None = None) -> None:
+def train(
+    model_in: Path, model_out: Path, data: Path, seconds: float, seed: int, steps: int | None = None, force=False
+) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from samoyeds_vllm.tools.checkpoint_io import check_output_dir, staged_dirs
     from samoyeds_vllm.tools.text_data import load_documents, token_windows
+
+    check_output_dir(Path(model_out), force, inputs=(Path(model_in),))  # before the minute of training, not after
 
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_in)
@@ -67,8 +79,9 @@ def train(model_in: Path, model_out: Path, data: Path, seconds: float, seed: int
         step += 1
         if step % 25 == 0:
             print(f"step {step}: loss {loss.item():.3f} ({time.perf_counter() - start:.0f} s)", flush=True)
-    model.save_pretrained(model_out)
-    tokenizer.save_pretrained(model_out)
+    with staged_dirs(model_out, replace=force) as (work_dir,):
+        model.save_pretrained(work_dir)
+        tokenizer.save_pretrained(work_dir)
     print(f"trained {step} steps on {len(windows)} windows; wrote {model_out}")
 
 
@@ -84,11 +97,15 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--steps", type=int, help="stop after this many steps, even with time left")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace MODEL_OUT if it exists (a model folder only)")
     args = parser.parse_args()
     if args.command == "write-text":
         write_text(args.out)
     else:
-        train(args.model_in, args.model_out, args.data, args.seconds, args.seed, args.steps)
+        try:
+            train(args.model_in, args.model_out, args.data, args.seconds, args.seed, args.steps, args.force)
+        except SamoyedsError as e:
+            raise SystemExit(f"train_tiny_moe.py train: error: {e}") from None
 
 
 if __name__ == "__main__":

@@ -12,8 +12,7 @@ CLI="$VENV/bin/samoyeds-vllm"
 PY="$VENV/bin/python"
 "$PY" "$ROOT/examples/train_tiny_moe.py" write-text "$OUT/text"
 "$CLI" make-model --arch qwen3_moe --preset tiny --out "$OUT/random" --force
-rm -rf "$OUT/dense"
-"$PY" "$ROOT/examples/train_tiny_moe.py" train "$OUT/random" "$OUT/dense" --data "$OUT/text/train" --seconds 60
+"$PY" "$ROOT/examples/train_tiny_moe.py" train "$OUT/random" "$OUT/dense" --data "$OUT/text/train" --seconds 60 --force
 "$CLI" convert "$OUT/dense" "$OUT/sparse" --pattern samoyeds --method sparsegpt --calib-data "$OUT/text/train" \
   --calib-samples 64 --calib-seq-len 256 --force
 cd "$OUT"

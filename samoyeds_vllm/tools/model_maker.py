@@ -380,6 +380,7 @@ def make_model(
     Everything is written into a hidden sibling folder that is renamed to out_dir at the end, so a failed or
     interrupted run leaves no out_dir (and, with force, the previous one untouched). Returns out_dir.
     """
+    given = Path(out_dir)  # as the user spelled it, for messages (as convert's)
     out_dir = Path(os.path.abspath(out_dir))  # so "." has a name and a parent, without following symlinks
     arch = ALIASES.get(arch, arch)
     hf_config = load_preset(arch, preset)
@@ -421,7 +422,7 @@ def make_model(
         hf_config["torch_dtype"] = dtype
     if fp8_block and sparse is None:
         hf_config["quantization_config"] = fp8_block_config(_not_fp8_modules(hf_config))
-    check_output_dir(out_dir, force)
+    check_output_dir(given, force)
     if not config_only:
         check_free_space({out_dir: weights_bytes(hf_config)}, f"{preset} with random weights")
     with staged_dirs(out_dir, replace=force) as (work_dir,):

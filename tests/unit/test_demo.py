@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers import REPO
 
+from samoyeds_vllm.errors import SamoyedsError
 from samoyeds_vllm.tools.text_data import load_documents, token_windows
 
 PROMPTS = ["Return a new", "This module provides", "The quick brown fox"]
@@ -56,3 +57,14 @@ def test_training_makes_the_model_answer_in_text(demo, tiny_models, tmp_path):
     loss, answers = heldout_loss_and_answers(tmp_path / "trained", tmp_path / "text" / "heldout")
     assert loss < random_loss - 2, (loss, random_loss)
     assert not any("\ufffd" in a for a in answers), answers
+
+
+def test_training_refuses_an_existing_output_before_it_trains(demo, tiny_models, tmp_path):
+    out = tmp_path / "trained"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(SamoyedsError, match="already exists; .*--force"):
+        demo.train(tiny_models["qwen3_moe"], out, tmp_path / "no-text", seconds=600, seed=0)  # no text read yet
+    with pytest.raises(SamoyedsError, match="holds no config.json"):  # --force replaces a model folder only
+        demo.train(tiny_models["qwen3_moe"], out, tmp_path / "no-text", seconds=600, seed=0, force=True)
+    assert (out / "notes.txt").read_text() == "mine"
