@@ -54,7 +54,13 @@ def write_text(out: Path) -> None:
 
 
 def train(
-    model_in: Path, model_out: Path, data: Path, seconds: float, seed: int, steps: int | None = None, force=False
+    model_in: Path,
+    model_out: Path,
+    data: Path,
+    seconds: float,
+    seed: int,
+    steps: int | None = None,
+    force: bool = False,
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
