@@ -5,8 +5,9 @@ Every variant is a config-only model of a real shape with dummy weights (no down
 environment its processes get (VARIANTS): dense bf16 as vLLM serves it; dense FP8 quantized like Qwen3-*-FP8
 (128 x 128 blocks), served by vLLM's own FP8 MoE (Triton by default on Hopper, DeepGEMM in `dense-fp8-deepgemm`);
 and the same config marked as a packed samoyeds or 2:4 checkpoint, bf16 or FP8 values, so vLLM allocates only the
-packed experts. The FP8 dense variants skip vLLM's DeepGEMM warm-up at engine start (over ten minutes
-precompiling about a thousand shapes); the untimed runs below compile what the timed runs need instead.
+packed experts (`samoyeds-fp8-from-fp8`: as converted from the FP8 checkpoint, its other projections FP8 blocks as
+dense FP8's). The variants with FP8 block projections skip vLLM's DeepGEMM warm-up at engine start (over ten
+minutes precompiling about a thousand shapes); the untimed runs below compile what the timed runs need instead.
 
 Stages, each variant in its own processes, one engine at a time (the next starts once the GPU memory of the last
 is back, so each sizes its KV cache on the same free memory):
@@ -120,6 +121,8 @@ VARIANTS: dict[str, Variant] = {
             {**_FP8_DENSE, "VLLM_USE_DEEP_GEMM": "1", "VLLM_MOE_USE_DEEP_GEMM": "1"},
         ),
         *(Variant(name, FORMS[name], _VLLM_DEFAULT_MOE) for name in ("samoyeds", "samoyeds-fp8", "2of4", "2of4-fp8")),
+        # what `convert` makes of a Qwen3-*-FP8 checkpoint: its attention and shared projections stay FP8 blocks
+        Variant("samoyeds-fp8-from-fp8", ModelForm("samoyeds", fp8=True, from_fp8=True), _FP8_DENSE),
     )
 }
 DEFAULT_VARIANTS = ("dense", "dense-fp8", "samoyeds", "samoyeds-fp8")

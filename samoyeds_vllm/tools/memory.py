@@ -74,7 +74,7 @@ def tensor_parallel_refusal(
             pattern.check_shape((moe_shape(hf_config).hidden, shard), "down projection shard")
         except PatternError as e:
             return f"{e} (at TP = {tp})" if tp > 1 else str(e)
-    if tp > 1 and any(shard % b for b in BLOCK) and (form.fp8 if form.dense else from_fp8):
+    if tp > 1 and any(shard % b for b in BLOCK) and (form.fp8 if form.dense else from_fp8 or form.from_fp8):
         return f"{shard}-wide expert shards at TP = {tp} cut the FP8 checkpoint's {BLOCK[0]} x {BLOCK[1]} scale blocks"
     return None
 
@@ -83,11 +83,12 @@ def weight_bytes(
     hf_config: dict, form: ModelForm, tp: int = 1, from_fp8: bool = False, segment: int | None = None
 ) -> int:
     """Bytes of the weights on each of `tp` GPUs once loaded. `from_fp8`: the model was converted from an FP8
-    block-quantized checkpoint, whose other projections the sparse checkpoint keeps in FP8."""
+    block-quantized checkpoint, whose other projections the sparse checkpoint keeps in FP8 (as a form's own
+    `from_fp8` says)."""
     arch = ARCHITECTURES[ALIASES.get(hf_config["model_type"], hf_config["model_type"])]
     pattern = form.parsed_pattern(segment)
     kv_heads = text_config(hf_config).get("num_key_value_heads")
-    other_fp8 = form.fp8 if pattern is None else from_fp8
+    other_fp8 = form.fp8 if pattern is None else from_fp8 or form.from_fp8
     total = 0.0
     for name, shape in weight_specs(hf_config):
         if (experts := _expert_matrices(arch, name, shape)) is not None:

@@ -468,10 +468,12 @@ def preset_model(
 @dataclass(frozen=True)
 class ModelForm:
     """How a model is stored: its routed experts dense (pattern None) as vLLM serves it, or packed in `pattern`;
-    `fp8`: FP8 block-128 projections for a dense model, FP8 kept values for a packed one."""
+    `fp8`: FP8 block-128 projections for a dense model, FP8 kept values for a packed one; `from_fp8` (packed only):
+    converted from an FP8 block-quantized checkpoint, whose other projections it keeps in FP8 (format version 3)."""
 
     pattern: str | None = None  # "samoyeds" or "2:4"
     fp8: bool = False
+    from_fp8: bool = False
 
     @property
     def dense(self) -> bool:
@@ -481,7 +483,7 @@ class ModelForm:
     def fp8_projections(self) -> bool:
         """FP8 128x128-block linear layers (the dense FP8 form), which vLLM runs through DeepGEMM on Hopper where
         DeepGEMM is installed (the GPU bundle has it)."""
-        return self.dense and self.fp8
+        return (self.dense and self.fp8) or self.from_fp8
 
     @property
     def needs_cuda(self) -> bool:
@@ -494,7 +496,8 @@ class ModelForm:
     def describe(self, segment: int | None = None) -> str:
         if self.dense:
             return "dense, FP8 128x128 blocks" if self.fp8 else "dense, bf16"
-        return f"{self.parsed_pattern(segment)}, {'FP8' if self.fp8 else 'bf16'} values"
+        other = ", FP8 128x128 blocks elsewhere" if self.from_fp8 else ""
+        return f"{self.parsed_pattern(segment)}, {'FP8' if self.fp8 else 'bf16'} values{other}"
 
     def __call__(self, preset: str, segment: int | None, out: Path) -> Path:
         """The preset's config-only model in this form (preset_model)."""
@@ -502,7 +505,9 @@ class ModelForm:
             return preset_model(preset, out, fp8_block=self.fp8)
         from ..format import FP8
 
-        return preset_model(preset, out, self.parsed_pattern(segment), sparse_values=FP8 if self.fp8 else None)
+        return preset_model(
+            preset, out, self.parsed_pattern(segment), FP8 if self.fp8 else None, fp8_block=self.from_fp8
+        )
 
 
 #: The forms the end-to-end benchmarks serve and `samoyeds-vllm fit` counts, by name.

@@ -41,10 +41,12 @@ def test_each_variant_gets_vllms_default_moe_kernels_unless_it_names_others(monk
         assert "VLLM_USE_DEEP_GEMM" not in env and "VLLM_MOE_USE_DEEP_GEMM" not in env
     deepgemm = variant_env(VARIANTS["dense-fp8-deepgemm"])
     assert deepgemm["VLLM_USE_DEEP_GEMM"] == deepgemm["VLLM_MOE_USE_DEEP_GEMM"] == "1"
-    # FP8 dense engines skip DeepGEMM's start-up precompilation; the untimed runs compile what is timed.
+    # Engines with FP8 block projections skip DeepGEMM's start-up precompilation; the untimed runs compile what
+    # is timed.
     assert {n for n, v in VARIANTS.items() if variant_env(v).get("VLLM_DEEP_GEMM_WARMUP") == "skip"} == {
         "dense-fp8",
         "dense-fp8-deepgemm",
+        "samoyeds-fp8-from-fp8",
     }
 
 
@@ -56,12 +58,20 @@ def test_each_variant_gets_vllms_default_moe_kernels_unless_it_names_others(monk
         ("samoyeds", {"quant_method": "samoyeds", "pattern": "samoyeds", "format_version": 1}),
         ("samoyeds-fp8", {"quant_method": "samoyeds", "pattern": "samoyeds", "format_version": 2}),
         ("2of4-fp8", {"quant_method": "samoyeds", "pattern": "2:4", "format_version": 2}),
+        (
+            "samoyeds-fp8-from-fp8",
+            {"quant_method": "samoyeds", "pattern": "samoyeds", "format_version": 3, "values": "float8_e4m3fn"},
+        ),
     ],
 )
 def test_the_models_of_the_variants(tmp_path, name, quant):
     config = json.loads((VARIANTS[name].model("tiny-qwen3_moe", None, tmp_path / name) / "config.json").read_text())
     got = config.get("quantization_config")
     assert got == quant if quant is None else {k: got.get(k) for k in quant} == quant
+    if name == "samoyeds-fp8-from-fp8":  # the other projections as the FP8 checkpoint had them
+        assert got["other_layers"]["quant_method"] == "fp8"
+        assert got["other_layers"]["weight_block_size"] == [128, 128]
+        assert VARIANTS[name].model.fp8_projections and VARIANTS[name].model.needs_cuda
 
 
 def test_fp8_dense_variants_are_refused_without_a_gpu(tmp_path, monkeypatch, capsys):
@@ -365,7 +375,7 @@ def test_only_engines_with_fp8_block_projections_watch_deep_gemms_cache(tmp_path
     GPU saw the dense engine's compiles as its own and timed its batches three times."""
     env = {"DG_JIT_CACHE_DIR": str(tmp_path / "dg")}
     watched = {name for name, variant in VARIANTS.items() if watched_jit_caches(variant, env)}
-    assert watched == {"dense-fp8", "dense-fp8-deepgemm"}
+    assert watched == {"dense-fp8", "dense-fp8-deepgemm", "samoyeds-fp8-from-fp8"}
     assert watched_jit_caches(VARIANTS["dense-fp8"], env) == [tmp_path / "dg"]
 
 

@@ -20,7 +20,7 @@ from samoyeds_vllm.tools.memory import (
     plan,
     weight_bytes,
 )
-from samoyeds_vllm.tools.model_maker import make_model
+from samoyeds_vllm.tools.model_maker import ModelForm, make_model
 from samoyeds_vllm.tools.presets import load_preset
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
@@ -81,6 +81,12 @@ def test_a_big_model_on_one_h200_and_dense_over_two_agree_with_vllm(form, tp):
     (fit,) = plan(config, [form], GPU_BYTES["h200"], tp)
     assert fit.weights_gib == pytest.approx(engine["weights_gib"], rel=0.01)
     assert fit.kv_tokens == pytest.approx(engine["kv_cache_tokens"], rel=0.03)
+
+
+def test_a_form_converted_from_fp8_counts_its_other_projections_in_fp8():
+    from_fp8 = ModelForm("samoyeds", fp8=True, from_fp8=True)  # bench e2e's samoyeds-fp8-from-fp8
+    assert weight_bytes(QWEN3, from_fp8) == weight_bytes(QWEN3, FORMS["samoyeds-fp8"], from_fp8=True)
+    assert weight_bytes(QWEN3, from_fp8) < weight_bytes(QWEN3, FORMS["samoyeds-fp8"])
 
 
 def test_tensor_parallel_shares_and_mla():
