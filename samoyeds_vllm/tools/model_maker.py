@@ -475,14 +475,18 @@ class ModelForm:
     fp8: bool = False
     from_fp8: bool = False
 
+    def __post_init__(self):
+        if self.from_fp8 and self.dense:
+            raise ValueError("from_fp8 describes a packed checkpoint; a dense FP8 one is ModelForm(fp8=True)")
+
     @property
     def dense(self) -> bool:
         return self.pattern is None
 
     @property
     def fp8_projections(self) -> bool:
-        """FP8 128x128-block linear layers (the dense FP8 form), which vLLM runs through DeepGEMM on Hopper where
-        DeepGEMM is installed (the GPU bundle has it)."""
+        """FP8 128x128-block linear layers (the dense FP8 form, and a packed one converted from it), which vLLM runs
+        through DeepGEMM on Hopper where DeepGEMM is installed (the GPU bundle has it)."""
         return (self.dense and self.fp8) or self.from_fp8
 
     @property

@@ -87,6 +87,8 @@ def test_a_form_converted_from_fp8_counts_its_other_projections_in_fp8():
     from_fp8 = ModelForm("samoyeds", fp8=True, from_fp8=True)  # bench e2e's samoyeds-fp8-from-fp8
     assert weight_bytes(QWEN3, from_fp8) == weight_bytes(QWEN3, FORMS["samoyeds-fp8"], from_fp8=True)
     assert weight_bytes(QWEN3, from_fp8) < weight_bytes(QWEN3, FORMS["samoyeds-fp8"])
+    with pytest.raises(ValueError, match="packed checkpoint"):
+        ModelForm(fp8=True, from_fp8=True)
     # as vLLM loaded it on an H100 (bench e2e, 2026-12-07)
     record = json.loads((RESULTS / "e2e-from-fp8-h100" / "variant-samoyeds-fp8-from-fp8.json").read_text())
     loaded = record["offline_engines"]["4096x64"]["weights_gib"]
