@@ -54,6 +54,12 @@ def _expert_matrices(arch, name: str, shape: tuple[int, ...]) -> list[tuple[int,
     return None
 
 
+def _fp8_blocks(form: ModelForm, from_fp8: bool) -> bool:
+    """Whether the checkpoint has FP8 128 x 128-block layers: a dense FP8 form's, or the other layers of a packed one
+    converted from an FP8 checkpoint (as the caller's `from_fp8` or the form's own says)."""
+    return form.fp8_projections or (from_fp8 and not form.dense)
+
+
 def tensor_parallel_refusal(
     hf_config: dict, form: ModelForm, tp: int, from_fp8: bool = False, segment: int | None = None
 ):
@@ -74,7 +80,7 @@ def tensor_parallel_refusal(
             pattern.check_shape((moe_shape(hf_config).hidden, shard), "down projection shard")
         except PatternError as e:
             return f"{e} (at TP = {tp})" if tp > 1 else str(e)
-    if tp > 1 and any(shard % b for b in BLOCK) and (form.fp8 if form.dense else from_fp8 or form.from_fp8):
+    if tp > 1 and any(shard % b for b in BLOCK) and _fp8_blocks(form, from_fp8):
         return f"{shard}-wide expert shards at TP = {tp} cut the FP8 checkpoint's {BLOCK[0]} x {BLOCK[1]} scale blocks"
     return None
 
@@ -88,7 +94,7 @@ def weight_bytes(
     arch = ARCHITECTURES[ALIASES.get(hf_config["model_type"], hf_config["model_type"])]
     pattern = form.parsed_pattern(segment)
     kv_heads = text_config(hf_config).get("num_key_value_heads")
-    other_fp8 = form.fp8 if pattern is None else from_fp8 or form.from_fp8
+    other_fp8 = _fp8_blocks(form, from_fp8)
     total = 0.0
     for name, shape in weight_specs(hf_config):
         if (experts := _expert_matrices(arch, name, shape)) is not None:

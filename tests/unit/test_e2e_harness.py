@@ -68,10 +68,15 @@ def test_the_models_of_the_variants(tmp_path, name, quant):
     config = json.loads((VARIANTS[name].model("tiny-qwen3_moe", None, tmp_path / name) / "config.json").read_text())
     got = config.get("quantization_config")
     assert got == quant if quant is None else {k: got.get(k) for k in quant} == quant
-    if name == "samoyeds-fp8-from-fp8":  # the other projections as the FP8 checkpoint had them
-        assert got["other_layers"]["quant_method"] == "fp8"
-        assert got["other_layers"]["weight_block_size"] == [128, 128]
-        assert VARIANTS[name].model.fp8_projections and VARIANTS[name].model.needs_cuda
+
+
+def test_the_model_converted_from_fp8_keeps_the_other_projections_in_fp8_blocks(tmp_path):
+    model = VARIANTS["samoyeds-fp8-from-fp8"].model
+    config = json.loads((model("tiny-qwen3_moe", None, tmp_path) / "config.json").read_text())
+    other_layers = config["quantization_config"]["other_layers"]
+    assert other_layers["quant_method"] == "fp8"
+    assert other_layers["weight_block_size"] == [128, 128]
+    assert model.fp8_projections and model.needs_cuda
 
 
 def test_fp8_dense_variants_are_refused_without_a_gpu(tmp_path, monkeypatch, capsys):
