@@ -751,7 +751,9 @@ def bench_e2e(
             saved = _read_variant(path) if path.exists() else {}
             if saved and "failed" not in saved and saved.get("settings") != settings:
                 changed = settings_changed(saved.get("settings", {}), settings)
-                print(f"{name}: {path.name} was measured with other settings ({changed}): moved to {set_aside(path)}")
+                progress.write(
+                    f"{name}: {path.name} was measured with other settings ({changed}): moved to {set_aside(path)}"
+                )
                 saved = {}
             result = saved if saved and "failed" not in saved else {"settings": settings}
             model = variant.model(preset, segment, out / "models" / name)
@@ -767,7 +769,7 @@ def bench_e2e(
             except _NotStarted:
                 if not variant.model.dense:
                     raise
-                print(f"{name} did not start: recorded with vLLM's reason")
+                progress.write(f"{name} did not start: recorded with vLLM's reason")
             save()
             progress.update(start + work.steps() - progress.n)
     return report(out)
