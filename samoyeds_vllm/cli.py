@@ -592,6 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--variants",
         default="dense,dense-fp8,samoyeds,samoyeds-fp8",
         help="which to run now, of dense, dense-fp8 (vLLM's FP8 MoE, its default kernels), dense-fp8-deepgemm, "
+        "dense-fp8-deepgemm-or-triton (Triton for small batches, DeepGEMM otherwise), "
         "samoyeds, samoyeds-fp8, samoyeds-fp8-from-fp8 (converted from an FP8 checkpoint: its other projections "
         "stay FP8), 2of4, 2of4-fp8; results accumulate in OUT (a run cut short resumes), and the "
         "comparison covers every variant there (default: %(default)s)",

@@ -3,7 +3,8 @@ bf16 and FP8, whole model, same GPU, same engine settings.
 
 Every variant is a config-only model of a real shape with dummy weights (no download), a model maker and the
 environment its processes get (VARIANTS): dense bf16 as vLLM serves it; dense FP8 quantized like Qwen3-*-FP8
-(128 x 128 blocks), served by vLLM's own FP8 MoE (Triton by default on Hopper, DeepGEMM in `dense-fp8-deepgemm`);
+(128 x 128 blocks), served by vLLM's own FP8 MoE (Triton by default on Hopper, DeepGEMM in `dense-fp8-deepgemm`,
+Triton for small batches and DeepGEMM otherwise in `dense-fp8-deepgemm-or-triton`);
 and the same config marked as a packed samoyeds or 2:4 checkpoint, bf16 or FP8 values, so vLLM allocates only the
 packed experts (`samoyeds-fp8-from-fp8`: as converted from the FP8 checkpoint, its other projections FP8 blocks as
 dense FP8's). The variants with FP8 block projections skip vLLM's DeepGEMM warm-up at engine start (over ten
@@ -106,20 +107,23 @@ class Variant:
 
 
 # vLLM picks its FP8 MoE kernels itself unless these are set (an explicit 1 forces DeepGEMM): every variant runs
-# with them unset, as a user gets it, except the one that asks for DeepGEMM.
-_VLLM_DEFAULT_MOE = {"VLLM_USE_DEEP_GEMM": None, "VLLM_MOE_USE_DEEP_GEMM": None}
+# with them unset, as a user gets it, except the ones that ask for DeepGEMM.
+_VLLM_DEFAULT_MOE = {"VLLM_USE_DEEP_GEMM": None, "VLLM_MOE_USE_DEEP_GEMM": None, "VLLM_USE_DEEP_GEMM_E8M0": None}
 _FP8_DENSE = {**_VLLM_DEFAULT_MOE, "VLLM_DEEP_GEMM_WARMUP": "skip"}
+_DEEP_GEMM_MOE = {**_FP8_DENSE, "VLLM_USE_DEEP_GEMM": "1", "VLLM_MOE_USE_DEEP_GEMM": "1"}
 
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("dense", FORMS["dense"], _VLLM_DEFAULT_MOE),
         Variant("dense-fp8", FORMS["dense-fp8"], _FP8_DENSE),
-        Variant(
-            "dense-fp8-deepgemm",
-            FORMS["dense-fp8"],
-            {**_FP8_DENSE, "VLLM_USE_DEEP_GEMM": "1", "VLLM_MOE_USE_DEEP_GEMM": "1"},
-        ),
+        Variant("dense-fp8-deepgemm", FORMS["dense-fp8"], _DEEP_GEMM_MOE),
+        # vLLM's DeepGEMM MoE (TritonOrDeepGemmExperts) runs DeepGEMM at every token count while DeepGEMM's E8M0
+        # scales are on (vLLM's default, also on Hopper); with them off it takes Triton for batches of fewer tokens
+        # than the M alignment of DeepGEMM's contiguous layout (vLLM's _valid_deep_gemm): DeepGEMM's grouped GEMMs
+        # in the prefill steps, where they are fastest, Triton in small decode steps, where DeepGEMM is slowest
+        # (docs/benchmarks.md, "Which dense FP8 these ratios are against")
+        Variant("dense-fp8-deepgemm-or-triton", FORMS["dense-fp8"], {**_DEEP_GEMM_MOE, "VLLM_USE_DEEP_GEMM_E8M0": "0"}),
         *(Variant(name, FORMS[name], _VLLM_DEFAULT_MOE) for name in ("samoyeds", "samoyeds-fp8", "2of4", "2of4-fp8")),
         # what `convert` makes of a Qwen3-*-FP8 checkpoint: its attention and shared projections stay FP8 blocks
         Variant("samoyeds-fp8-from-fp8", ModelForm("samoyeds", fp8=True, from_fp8=True), _FP8_DENSE),

@@ -36,16 +36,23 @@ def test_the_help_names_every_variant_and_the_default_is_the_issue_set():
 def test_each_variant_gets_vllms_default_moe_kernels_unless_it_names_others(monkeypatch):
     monkeypatch.setenv("VLLM_USE_DEEP_GEMM", "1")  # set in a user's shell: would force DeepGEMM on every FP8 MoE
     monkeypatch.setenv("VLLM_MOE_USE_DEEP_GEMM", "0")
-    for name in ("dense", "dense-fp8", "samoyeds", "samoyeds-fp8", "2of4-fp8"):
+    monkeypatch.setenv("VLLM_USE_DEEP_GEMM_E8M0", "0")  # would let DeepGEMM's MoE fall back to Triton
+    for name in ("dense", "dense-fp8", "samoyeds", "samoyeds-fp8", "2of4-fp8", "samoyeds-fp8-from-fp8"):
         env = variant_env(VARIANTS[name])
-        assert "VLLM_USE_DEEP_GEMM" not in env and "VLLM_MOE_USE_DEEP_GEMM" not in env
+        assert not {"VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM", "VLLM_USE_DEEP_GEMM_E8M0"} & env.keys()
     deepgemm = variant_env(VARIANTS["dense-fp8-deepgemm"])
     assert deepgemm["VLLM_USE_DEEP_GEMM"] == deepgemm["VLLM_MOE_USE_DEEP_GEMM"] == "1"
+    assert "VLLM_USE_DEEP_GEMM_E8M0" not in deepgemm  # vLLM's default (on): DeepGEMM at every token count
+    # DeepGEMM's MoE with Triton for the batches too small for its contiguous layout: E8M0 scales off
+    hybrid = variant_env(VARIANTS["dense-fp8-deepgemm-or-triton"])
+    assert hybrid["VLLM_USE_DEEP_GEMM"] == hybrid["VLLM_MOE_USE_DEEP_GEMM"] == "1"
+    assert hybrid["VLLM_USE_DEEP_GEMM_E8M0"] == "0"
     # Engines with FP8 block projections skip DeepGEMM's start-up precompilation; the untimed runs compile what
     # is timed.
     assert {n for n, v in VARIANTS.items() if variant_env(v).get("VLLM_DEEP_GEMM_WARMUP") == "skip"} == {
         "dense-fp8",
         "dense-fp8-deepgemm",
+        "dense-fp8-deepgemm-or-triton",
         "samoyeds-fp8-from-fp8",
     }
 
@@ -380,7 +387,7 @@ def test_only_engines_with_fp8_block_projections_watch_deep_gemms_cache(tmp_path
     GPU saw the dense engine's compiles as its own and timed its batches three times."""
     env = {"DG_JIT_CACHE_DIR": str(tmp_path / "dg")}
     watched = {name for name, variant in VARIANTS.items() if watched_jit_caches(variant, env)}
-    assert watched == {"dense-fp8", "dense-fp8-deepgemm", "samoyeds-fp8-from-fp8"}
+    assert watched == {"dense-fp8", "dense-fp8-deepgemm", "dense-fp8-deepgemm-or-triton", "samoyeds-fp8-from-fp8"}
     assert watched_jit_caches(VARIANTS["dense-fp8"], env) == [tmp_path / "dg"]
 
 
